@@ -1,0 +1,113 @@
+"""The storage contract every backend implements."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from stormguard.errors import ConfigError
+
+if TYPE_CHECKING:
+    from stormguard._clock import Clock
+    from stormguard.decision import Decision
+    from stormguard.rules import Rule
+
+__all__ = ["Store", "binding", "check_cost", "check_rules", "key_error"]
+
+
+def key_error(key: object) -> TypeError:
+    return TypeError(f"key: must be a str, got {type(key).__name__} {key!r:.80}")
+
+
+def check_cost(rule: Rule, cost: object) -> int:
+    """Validate ``cost`` against ``rule`` (called only when ``cost != 1``)."""
+    if isinstance(cost, bool) or not isinstance(cost, int):
+        raise ConfigError("cost", cost, "must be a positive integer")
+    if cost <= 0:
+        raise ConfigError("cost", cost, "must be a positive integer")
+    if cost > rule.capacity:
+        raise ConfigError("cost", cost,
+                          f"exceeds the capacity {rule.capacity} of rule {rule}; "
+                          "it could never be admitted")
+    return cost
+
+
+def check_rules(rules: Sequence[Rule], cost: int) -> tuple[Rule, ...]:
+    """Validate a ``hit_all`` rule list: non-empty, duplicates removed, cost fits all."""
+    from stormguard.rules import Rule  # local: avoid an import cycle at module load
+
+    if isinstance(rules, Rule):
+        rules = (rules,)
+    if not rules:
+        raise ConfigError("rules", rules, "must name at least one rule")
+    out: dict[str, Rule] = {}
+    for r in rules:
+        if not isinstance(r, Rule):
+            raise ConfigError("rules", r, "every item must be a stormguard.Rule")
+        out.setdefault(r.id, r)
+    for r in out.values():
+        if cost != 1:
+            check_cost(r, cost)
+    return tuple(out.values())
+
+
+def binding(decisions: Sequence[Decision]) -> Decision:
+    """The decision that speaks for a ``hit_all``: the denial with the longest wait, or,
+    when all admit, the rule with the least left."""
+    denied = [d for d in decisions if not d.allowed]
+    if denied:
+        return max(denied, key=lambda d: d.retry_after)
+    return min(decisions, key=lambda d: d.remaining)
+
+
+class Store(abc.ABC):
+    """Where counters live. Implementations: ``memory://`` (:class:`MemoryStore`),
+    ``redis://`` and ``redis+cluster://``.
+
+    A backend failure is raised as :class:`stormguard.StorageError` and nothing else;
+    the limiter's ``on_error`` decides what the request gets. The ``a*`` coroutines
+    default to the blocking methods, which is right for stores that never block.
+    """
+
+    clock: Clock
+
+    @abc.abstractmethod
+    def hit(self, key: str, rule: Rule, cost: int = 1) -> Decision: ...
+
+    @abc.abstractmethod
+    def peek(self, key: str, rule: Rule, cost: int = 1) -> Decision: ...
+
+    @abc.abstractmethod
+    def hit_all(self, key: str, rules: Sequence[Rule], cost: int = 1) -> Decision: ...
+
+    @abc.abstractmethod
+    def reset(self, key: str, rule: Rule | Sequence[Rule]) -> None: ...
+
+    def ping(self) -> bool:
+        """True when the backend answers."""
+        return True
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections."""
+
+    async def ahit(self, key: str, rule: Rule, cost: int = 1) -> Decision:
+        return self.hit(key, rule, cost)
+
+    async def apeek(self, key: str, rule: Rule, cost: int = 1) -> Decision:
+        return self.peek(key, rule, cost)
+
+    async def ahit_all(self, key: str, rules: Sequence[Rule], cost: int = 1) -> Decision:
+        return self.hit_all(key, rules, cost)
+
+    async def areset(self, key: str, rule: Rule | Sequence[Rule]) -> None:
+        self.reset(key, rule)
+
+    async def aping(self) -> bool:
+        return self.ping()
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        raise TypeError(f"{type(self).__name__} cannot count its keys cheaply")

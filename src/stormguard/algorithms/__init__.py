@@ -89,7 +89,12 @@ class FixedWindow(Algorithm):
         W = self.W
         N = self.N
         w = now // W
-        used = state[1] if state is not None and state[0] == w else 0
+        used = 0
+        if state is not None and state[0] >= w:
+            if state[0] > w:  # the clock stepped back: stay in the newer window
+                w = state[0]
+                now = w * W
+            used = state[1]
         end = (w + 1) * W
         if used + cost <= N:
             if consume:
@@ -117,7 +122,10 @@ class SlidingWindowCounter(Algorithm):
             cur = prev = 0
         else:
             sw = state[0]
-            if sw == w:
+            if sw >= w:
+                if sw > w:  # the clock stepped back: stay in the newer window
+                    w = sw
+                    start = now = w * W
                 cur = state[1]
                 prev = state[2]
             elif sw == w - 1:
@@ -206,6 +214,8 @@ class TokenBucket(Algorithm):
             if elapsed > 0:
                 level += elapsed * N
                 level = min(level, cap)
+            else:
+                now = state[1]  # the clock stepped back: as if no time passed
         need = cost * W
         if level >= need:
             allowed = True
@@ -274,6 +284,8 @@ class LeakyBucket(Algorithm):
             if elapsed > 0:
                 level -= elapsed * N
                 level = max(level, 0)
+            else:
+                now = state[1]  # the clock stepped back: as if no time passed
         add = cost * W
         if level + add <= cap:
             allowed = True

@@ -47,7 +47,7 @@ def check_rules(rules: Sequence[Rule], cost: int) -> tuple[Rule, ...]:
             raise ConfigError("rules", r, "every item must be a stormguard.Rule")
         out.setdefault(r.id, r)
     for r in out.values():
-        if cost != 1:
+        if cost != 1 or type(cost) is not int:
             check_cost(r, cost)
     return tuple(out.values())
 

@@ -60,7 +60,7 @@ class MemoryStore(Store):
     def _decide(self, key: str, rule: Rule, cost: int, consume: bool) -> Decision:
         if type(key) is not str:
             raise key_error(key)
-        if cost != 1:
+        if cost != 1 or type(cost) is not int:
             check_cost(rule, cost)
         now = int(self._wall() * 1_000_000 + 0.5)
         k = (rule._id, key)
@@ -105,7 +105,10 @@ class MemoryStore(Store):
                 verdict = rule._algo.decide(entry[0] if entry else None, now, cost, True)
                 results.append((k, entry, verdict))
             all_ok = all(v[0] for _, _, v in results)
-            for k, entry, v in results:
+            for k, _, v in results:
+                # look the key up again: making room for an earlier rule's new key may
+                # have evicted or swept this one
+                entry = data.get(k)
                 if entry is not None:
                     data.move_to_end(k)
                     if all_ok:

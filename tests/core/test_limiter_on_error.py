@@ -144,3 +144,34 @@ def test_storage_errors_never_reach_the_caller_of_hit(store: FlakyStore) -> None
         assert isinstance(limiter.hit("k", RULE), Decision)
         assert isinstance(limiter.peek("k", RULE), Decision)
         assert isinstance(limiter.hit_all("k", [RULE, HOUR]), Decision)
+
+
+def test_local_fallback_is_exact_under_threads(store: FlakyStore) -> None:
+    # Regression: the local store was created lazily without a lock, so threads failing
+    # over at the same moment could each charge a store of their own.
+    import sys
+    import threading
+
+    rule = Rule(limit=1000, window=60, algorithm="gcra")
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(5):
+            limiter = RateLimiter(store, on_error="local")
+            barrier = threading.Barrier(8)
+            counts: list[int] = []
+
+            def work(lim: RateLimiter = limiter, bar: threading.Barrier = barrier,
+                     out: list[int] = counts) -> None:
+                bar.wait()
+                out.append(sum(lim.hit("k", rule).allowed for _ in range(250)))
+
+            threads = [threading.Thread(target=work) for _ in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=60)
+            assert sum(counts) == 1000
+            assert limiter.degraded_count == 2000
+    finally:
+        sys.setswitchinterval(old)

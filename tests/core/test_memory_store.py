@@ -111,3 +111,12 @@ def test_memory_url_works_with_the_real_clock() -> None:
         limiter.hit(str(i), rule)
     assert len(limiter.store) == 3
     assert repr(limiter).startswith("RateLimiter(MemoryStore(max_keys=3")
+
+
+def test_an_empty_store_is_truthy() -> None:
+    # Regression: __len__ made an empty MemoryStore falsy, so `store or MemoryStore()`
+    # silently replaced a configured store (and bool() on other stores raised TypeError).
+    store = MemoryStore(max_keys=7)
+    assert len(store) == 0
+    assert bool(store)
+    assert (store or MemoryStore()) is store

@@ -111,3 +111,8 @@ class Store(abc.ABC):
 
     def __len__(self) -> int:
         raise TypeError(f"{type(self).__name__} cannot count its keys cheaply")
+
+    def __bool__(self) -> bool:
+        # a store is always truthy: without this, an empty MemoryStore is falsy (len 0)
+        # and ``store or MemoryStore()`` silently replaces it; a Redis store raises
+        return True

@@ -6,7 +6,7 @@ import pytest
 
 from stormguard import Decision, Rule
 from stormguard.algorithms import ALGORITHMS as ALGO_CLASSES
-from tests.core.util import ALGORITHMS, BUCKETS, NOON, at, limiter_at
+from tests.core.util import ALGORITHMS, BUCKETS, NOON, admitted_exactly_after, at, limiter_at
 
 US = 1e-6
 
@@ -45,10 +45,7 @@ def test_fixed_window_window_starts_at_the_epoch_multiple_not_the_first_hit() ->
     d = limiter.hit("k", rule)
     assert not d.allowed
     assert d.retry_after == approx(30.0)
-    clock.advance(29.999)
-    assert not limiter.hit("k", rule).allowed
-    clock.advance(0.001)
-    assert limiter.hit("k", rule).allowed
+    assert admitted_exactly_after(limiter, clock, "k", rule, 30.0)
 
 
 # -- sliding window log -------------------------------------------------------------
@@ -83,12 +80,8 @@ def test_sliding_window_log_retry_after_with_cost_waits_for_enough_entries() -> 
     d = limiter.hit("k", rule, cost=3)  # needs the entries of t=0,1,2 to expire
     assert not d.allowed
     assert d.retry_after == approx(9.0)
-    clock.advance(8.999)
-    assert not limiter.hit("k", rule, cost=3).allowed
-    clock.advance(0.001)
-    d = limiter.hit("k", rule, cost=3)
-    assert d.allowed
-    assert d.remaining == 0
+    assert admitted_exactly_after(limiter, clock, "k", rule, 9.0, cost=3)
+    assert limiter.peek("k", rule).remaining == 0
 
 
 # -- sliding window counter ---------------------------------------------------------
@@ -112,10 +105,7 @@ def test_sliding_window_counter_formula_weights_the_previous_window() -> None:
     # cur=5, prev=10: 10*(60-e)/60 + 6 <= 10  <=>  e >= 36 -> 6 s from 12:01:30
     assert d.retry_after == approx(6.0)
     assert d.reset_after == approx(90.0)  # cur stops counting at 12:03
-    clock.advance(5.999)
-    assert not limiter.hit("k", rule).allowed
-    clock.advance(0.001)
-    assert limiter.hit("k", rule).allowed
+    assert admitted_exactly_after(limiter, clock, "k", rule, 6.0)
 
 
 def test_sliding_window_counter_retry_after_into_the_next_window() -> None:
@@ -127,10 +117,7 @@ def test_sliding_window_counter_retry_after_into_the_next_window() -> None:
     assert not d.allowed
     # next window: prev=10: 10*(60-e)/60 + 2 <= 10  <=>  e >= 12 -> 12:01:12, 22 s away
     assert d.retry_after == approx(22.0)
-    clock.advance(21.999)
-    assert not limiter.peek("k", rule, cost=2).allowed
-    clock.advance(0.001)
-    assert limiter.hit("k", rule, cost=2).allowed
+    assert admitted_exactly_after(limiter, clock, "k", rule, 22.0, cost=2)
 
 
 # -- buckets ------------------------------------------------------------------------

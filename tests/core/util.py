@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from stormguard import MemoryStore, RateLimiter
+from stormguard import MemoryStore, RateLimiter, Rule
 from stormguard.testing import FakeClock
 
 ALGORITHMS = (
@@ -29,3 +29,13 @@ def at(minute: int, second: float = 0.0) -> float:
 def limiter_at(when: float = NOON) -> tuple[RateLimiter, FakeClock]:
     clock = FakeClock(start=when)
     return RateLimiter(MemoryStore(clock=clock)), clock
+
+
+def admitted_exactly_after(limiter: RateLimiter, clock: FakeClock, key: str, rule: Rule,
+                           wait: float, cost: int = 1) -> bool:
+    """Advance to 1 ms before ``wait``: still denied; then to ``wait``: admitted (consumed)."""
+    clock.advance(wait - 0.001)
+    if limiter.peek(key, rule, cost).allowed:
+        return False
+    clock.advance(0.001)
+    return limiter.hit(key, rule, cost).allowed

@@ -46,7 +46,9 @@ class _Base:
         self.degraded_count = 0
         """How many decisions were answered by ``on_error`` instead of the store."""
         self._count_lock = threading.Lock()
-        self._local: MemoryStore | None = None
+        # created up front: two threads failing over at once must share one local store
+        self._local: MemoryStore | None = (
+            MemoryStore(clock=store.clock) if on_error == "local" else None)
         self._local_rules: dict[str, Rule] = {}
 
     # -- degraded answers -------------------------------------------------------------

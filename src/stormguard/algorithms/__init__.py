@@ -134,7 +134,12 @@ class FixedWindow(Algorithm):
         W = self.W
         N = self.N
         w = now // W
-        used = entry[2] if entry[1] == w else 0
+        used = 0
+        if entry[1] >= w:
+            if entry[1] > w:  # the clock stepped back: stay in the newer window
+                w = entry[1]
+                now = w * W
+            used = entry[2]
         end = (w + 1) * W
         if used + cost <= N:
             if consume:
@@ -167,7 +172,10 @@ class SlidingWindowCounter(Algorithm):
         w = now // W
         start = w * W
         sw = entry[1]
-        if sw == w:
+        if sw >= w:
+            if sw > w:  # the clock stepped back: stay in the newer window
+                w = sw
+                start = now = w * W
             cur = entry[2]
             prev = entry[3]
         elif sw == w - 1:
@@ -281,6 +289,8 @@ class TokenBucket(Algorithm):
         if elapsed > 0:
             level += elapsed * N
             level = min(level, cap)
+        else:
+            now = entry[2]  # the clock stepped back (or stood still): no time passed
         need = cost * W
         if level >= need:
             allowed = True
@@ -365,6 +375,8 @@ class LeakyBucket(Algorithm):
         if elapsed > 0:
             level -= elapsed * N
             level = max(level, 0)
+        else:
+            now = entry[2]  # the clock stepped back (or stood still): no time passed
         add = cost * W
         if level + add <= cap:
             allowed = True

@@ -70,7 +70,7 @@ class MemoryStore(Store):
         # The hot path: one lock, one dict lookup, one apply() that updates the entry in place.
         if type(key) is not str:
             raise key_error(key)
-        if cost != 1:
+        if cost != 1 or type(cost) is not int:
             check_cost(rule, cost)
         now = self._wall_ns() // 1000
         k = (rule._id, key)
@@ -83,7 +83,7 @@ class MemoryStore(Store):
                 d = algo.apply(entry, now, cost, True)
                 if d[0]:
                     if len(self._data) >= self.max_keys:
-                        self._make_room(now)
+                        self._make_room(now, self.max_keys - 1)
                     self._data[k] = entry
             else:
                 d = algo.apply(entry, now, cost, True)
@@ -95,7 +95,7 @@ class MemoryStore(Store):
     def peek(self, key: str, rule: Rule, cost: int = 1) -> Decision:
         if type(key) is not str:
             raise key_error(key)
-        if cost != 1:
+        if cost != 1 or type(cost) is not int:
             check_cost(rule, cost)
         now = self._now()
         algo = rule._algo
@@ -125,13 +125,13 @@ class MemoryStore(Store):
             if all(d[0] for d in decisions):
                 decisions = []
                 for k, found, algo in entries:
-                    entry = found
-                    if entry is None:
-                        entry = algo.fresh()
-                        if len(data) >= self.max_keys:
-                            self._make_room(now)
-                        data[k] = entry
+                    entry = found if found is not None else algo.fresh()
                     decisions.append(algo.apply(entry, now, cost, True))
+                    if found is None:
+                        data[k] = entry
+                if len(data) > self.max_keys:
+                    # evicts least recently used keys first: this call's keys are the most recent
+                    self._make_room(now, self.max_keys)
             else:
                 decisions = [d if not d[0] else d.replace(allowed=False) for d in decisions]
         return binding(decisions)
@@ -144,15 +144,16 @@ class MemoryStore(Store):
             for r in rules:
                 self._data.pop((r._id, key), None)
 
-    def _make_room(self, now: int) -> None:
-        """Called with the lock held when the store is full."""
+    def _make_room(self, now: int, target: int) -> None:
+        """Shrink to ``target`` keys: expired keys first, then least recently used.
+        Called with the lock held."""
         data = self._data
         if now - self._last_sweep >= _SWEEP_INTERVAL_US:
             self._last_sweep = now
             expired = [k for k, e in data.items() if e[0] <= now]
             for k in expired:
                 del data[k]
-        while len(data) >= self.max_keys:
+        while len(data) > target:
             data.popitem(last=False)
             self.evictions += 1
 

@@ -22,6 +22,7 @@ from stormguard import (
     TransientError,
 )
 from stormguard.policies.events import BudgetExhausted, Event, RetryGaveUp, RetryScheduled
+from stormguard.policies.retry import restrict
 from stormguard.testing import FakeClock
 from tests.resilience.conftest import Boom, Mode
 
@@ -296,3 +297,17 @@ def test_budget_config_errors(kwargs: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError) as info:
         RetryBudget(**kwargs)
     assert info.value.field == field
+
+
+async def test_restrict_vetoes_retries_inside_the_block(mode: Mode, clock: FakeClock) -> None:
+    r = Retry(attempts=3, base=0.0, clock=clock)
+    with restrict(lambda e: "connect" in str(e)):
+        fn = Flaky(1, lambda: TransientError("read timeout"))
+        assert isinstance(await mode.outcome(r, fn), TransientError)
+        assert fn.calls == 1
+        with restrict(lambda e: "refused" in str(e)):  # nested: both must agree
+            assert isinstance(await mode.outcome(r, Flaky(1, lambda: TransientError(
+                "connect timeout"))), TransientError)
+            assert await mode.call(r, Flaky(1, lambda: TransientError(
+                "connect refused"))) == "ok"
+    assert await mode.call(r, Flaky(1)) == "ok"  # restriction gone

@@ -23,7 +23,9 @@ it gives up and raises the last error instead. When its
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from stormguard._clock import Clock
@@ -43,11 +45,37 @@ from stormguard.policies._base import (
 from stormguard.policies.budget import RetryBudget
 from stormguard.policies.events import BudgetExhausted, Listener, RetryGaveUp, RetryScheduled
 
-__all__ = ["JITTERS", "Retry", "is_transient"]
+__all__ = ["JITTERS", "Retry", "is_transient", "restrict"]
 
 JITTERS = ("full", "equal", "decorrelated", "none")
 
 _TRANSIENT = (TimeoutError, ConnectionError, TransientError)
+
+
+_restriction: ContextVar[Callable[[BaseException], bool] | None] = ContextVar(
+    "stormguard_retry_restriction", default=None)
+
+
+@contextmanager
+def restrict(allowed: Callable[[BaseException], bool]) -> Iterator[None]:
+    """Inside the block, every Retry also requires ``allowed(error)`` before retrying.
+
+    For callers that know more than the policy: the httpx transport uses it so
+    that a POST that may have reached the server is never sent twice, whatever
+    error (a per-attempt ``DeadlineExceeded`` included) the pipeline saw.
+    """
+    outer = _restriction.get()
+    if outer is not None:
+        inner = allowed
+
+        def allowed(exc: BaseException) -> bool:
+            return outer(exc) and inner(exc)
+
+    token = _restriction.set(allowed)
+    try:
+        yield
+    finally:
+        _restriction.reset(token)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -118,7 +146,8 @@ class Retry(Policy):
         clock = self._clock
         if attempt >= self.attempts:
             reason = "attempts"
-        elif not self._retry_on(error):
+        elif not self._retry_on(error) or not (
+                (restriction := _restriction.get()) is None or restriction(error)):
             reason = "not_retryable"
         else:
             retry_after = getattr(error, "retry_after", None)

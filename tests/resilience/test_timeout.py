@@ -149,3 +149,33 @@ def test_config_errors(args: tuple[float, ...], kwargs: dict[str, float], field:
     with pytest.raises(ConfigError) as info:
         Timeout(*args, **kwargs)
     assert info.value.field == field
+
+
+async def test_outside_cancellation_stays_a_cancellation() -> None:
+    started = asyncio.Event()
+
+    async def hang() -> None:
+        started.set()
+        await asyncio.sleep(30)
+
+    task = asyncio.ensure_future(Timeout(10.0).acall(hang))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_callee_swallowing_the_cancellation_still_times_out() -> None:
+    async def stubborn() -> str:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            return "ignored the cancel"
+        return "slept"
+
+    with pytest.raises(DeadlineExceeded):
+        await Timeout(0.02).acall(stubborn)
+    task = asyncio.current_task()
+    assert task is not None
+    assert task.cancelling() == 0  # no cancellation request left behind
+    await asyncio.sleep(0)  # and the task is not cancelled at its next await

@@ -31,6 +31,7 @@ cancellations are never failures.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -51,8 +52,8 @@ from stormguard.policies.events import CallRejected, Listener, StateChanged
 
 __all__ = ["CircuitBreaker"]
 
-CLOSED, OPEN, HALF_OPEN = 0, 1, 2
-STATES = ("closed", "open", "half_open")
+CLOSED, OPEN, HALF_OPEN, FORCED_CLOSED = 0, 1, 2, 3
+STATES = ("closed", "open", "half_open", "closed")
 _TIME_BUCKETS = 20
 _NOT_FAILURES = (CircuitOpen, BulkheadFull)
 
@@ -71,7 +72,7 @@ class CircuitBreaker(Policy):
     """A failure-rate and slow-call-rate circuit breaker with exact half-open admission."""
 
     __slots__ = ("_b_calls", "_b_fails", "_b_idx", "_b_slows", "_b_width", "_epoch", "_fails",
-                 "_forced", "_is_failure", "_lock", "_n", "_open_until", "_permits", "_pos",
+                 "_fast", "_forced", "_is_failure", "_lock", "_n", "_open_until", "_permits",
                  "_ring", "_slow", "_slows", "_state", "_timed", "_trial_ok", "failure_rate",
                  "half_open_calls", "min_calls", "open_for", "slow_call_duration",
                  "slow_call_rate", "window", "window_type")
@@ -106,6 +107,7 @@ class CircuitBreaker(Policy):
                                    check_positive("slow_call_duration", slow_call_duration))
         self._slow = self.slow_call_duration
         self._timed = self._slow is not None or window_type == "time"
+        self._fast = not self._timed  # successes may take the lock-free path (see _sync)
         self._is_failure = _failure_classifier(failure_on)
         super().__init__(name=name, clock=clock, listeners=listeners)
         self._lock = threading.Lock()
@@ -138,7 +140,7 @@ class CircuitBreaker(Policy):
         with self._lock:
             if self.window_type == "time":
                 self._rotate(self._clock.monotonic())
-            return self._n, self._fails, self._slows
+            return self._counts()
 
     def force_open(self) -> None:
         """Reject every call until force_closed() or reset()."""
@@ -152,6 +154,7 @@ class CircuitBreaker(Policy):
         with self._lock:
             self._forced = "closed"
             change = self._to_closed()
+            self._state = FORCED_CLOSED
         self._changed(change)
 
     def reset(self) -> None:
@@ -162,16 +165,27 @@ class CircuitBreaker(Policy):
         self._changed(change)
 
     # -- window ----------------------------------------------------------------------------
+    # Count window: a deque(maxlen=window) of outcome codes (bit 1 = failed, bit 2 = slow),
+    # replaced by a new deque on every transition, so a lock-free append that loses a race
+    # with a transition lands in a deque nobody reads any more. Time window: 20 buckets.
     def _clear_window(self) -> None:
         self._n = self._fails = self._slows = 0
         if self.window_type == "count":
-            self._ring = [0] * int(self.window)
-            self._pos = 0
+            self._ring: deque[int] = deque(maxlen=int(self.window))
         else:
             self._b_calls = [0] * _TIME_BUCKETS
             self._b_fails = [0] * _TIME_BUCKETS
             self._b_slows = [0] * _TIME_BUCKETS
             self._b_idx = int(self._clock.monotonic() // self._b_width)
+
+    def _counts(self) -> tuple[int, int, int]:
+        """(calls, failures, slow calls) in the window (caller holds the lock)."""
+        if self.window_type == "count":
+            ring = self._ring
+            both = ring.count(3) if self._timed else 0
+            return (len(ring), ring.count(1) + both,
+                    ring.count(2) + both if self._timed else 0)
+        return self._n, self._fails, self._slows
 
     def _rotate(self, now: float) -> None:
         idx = int(now // self._b_width)
@@ -191,24 +205,16 @@ class CircuitBreaker(Policy):
         self._b_idx = idx
 
     def _add(self, code: int, now: float) -> None:
-        """Record one outcome in the closed-state window; code bit 1 = failed, bit 2 = slow."""
+        """Record one outcome in the closed-state window."""
         if self.window_type == "count":
-            ring, pos = self._ring, self._pos
-            if self._n == len(ring):
-                old = ring[pos]
-                self._fails -= old & 1
-                self._slows -= old >> 1
-            else:
-                self._n += 1
-            ring[pos] = code
-            self._pos = pos + 1 if pos + 1 < len(ring) else 0
-        else:
-            self._rotate(now)
-            j = self._b_idx % _TIME_BUCKETS
-            self._b_calls[j] += 1
-            self._b_fails[j] += code & 1
-            self._b_slows[j] += code >> 1
-            self._n += 1
+            self._ring.append(code)
+            return
+        self._rotate(now)
+        j = self._b_idx % _TIME_BUCKETS
+        self._b_calls[j] += 1
+        self._b_fails[j] += code & 1
+        self._b_slows[j] += code >> 1
+        self._n += 1
         self._fails += code & 1
         self._slows += code >> 1
 
@@ -218,6 +224,7 @@ class CircuitBreaker(Policy):
         self._state = OPEN
         self._epoch += 1
         self._open_until = until
+        self._clear_window()
         return old, OPEN
 
     def _to_closed(self) -> tuple[int, int]:
@@ -236,7 +243,8 @@ class CircuitBreaker(Policy):
         return old, HALF_OPEN
 
     def _changed(self, change: tuple[int, int] | None) -> None:
-        if change is not None and change[0] != change[1] and self._observed():
+        if (change is not None and STATES[change[0]] != STATES[change[1]]
+                and self._observed()):
             self._emit(StateChanged(self.name, self._clock.monotonic(),
                                     STATES[change[0]], STATES[change[1]]))
 
@@ -252,7 +260,7 @@ class CircuitBreaker(Policy):
         remaining, epoch = 0.0, -1
         with self._lock:
             state = self._state
-            if state == CLOSED:
+            if state in (CLOSED, FORCED_CLOSED):
                 return self._epoch
             now = self._clock.monotonic()
             if state == OPEN:
@@ -280,24 +288,6 @@ class CircuitBreaker(Policy):
         return epoch
 
     def _record(self, epoch: int, failed: bool, start: float) -> None:
-        if not (failed or self._timed):
-            # Hot path: a success in a count window without slow-call tracking.
-            with self._lock:
-                # (a success can only open the breaker by making min_calls reached)
-                if (epoch == self._epoch and self._state == CLOSED and self._forced is None
-                        and self._n + 1 != self.min_calls):
-                    ring, pos = self._ring, self._pos
-                    if self._n == len(ring):
-                        old = ring[pos]
-                        if old:
-                            self._fails -= old & 1
-                            self._slows -= old >> 1
-                    else:
-                        self._n += 1
-                    ring[pos] = 0
-                    pos += 1
-                    self._pos = pos if pos < len(ring) else 0
-                    return
         if self._timed:
             now = self._clock.monotonic()
             slow = self._slow is not None and now - start >= self._slow
@@ -305,13 +295,13 @@ class CircuitBreaker(Policy):
             now, slow = 0.0, False
         change = None
         with self._lock:
-            if epoch != self._epoch or self._forced is not None:
+            if epoch != self._epoch:
                 return
             if self._state == CLOSED:
                 self._add(failed | (slow << 1), now)
-                if self._n >= self.min_calls and (
-                        self._fails / self._n >= self.failure_rate
-                        or self._slows / self._n >= self.slow_call_rate):
+                n, fails, slows = self._counts()
+                if n >= self.min_calls and (fails / n >= self.failure_rate
+                                            or slows / n >= self.slow_call_rate):
                     change = self._to_open((now if self._timed else self._clock.monotonic())
                                            + self.open_for)
             elif self._state == HALF_OPEN:
@@ -324,6 +314,17 @@ class CircuitBreaker(Policy):
                         change = self._to_closed()
         if change is not None:
             self._changed(change)
+
+    def _on_success(self, epoch: int, start: float) -> None:
+        if self._fast:
+            # Lock-free for the common case: closed, count window, min_calls already reached
+            # (a success can then only lower the rates: no decision to take). Read the deque
+            # before the epoch: a transition bumps the epoch, then swaps the deque.
+            ring = self._ring
+            if epoch == self._epoch and self._state == CLOSED and len(ring) >= self.min_calls:
+                ring.append(0)
+                return
+        self._record(epoch, False, start)
 
     def _release(self, epoch: int) -> None:
         """A call ended without a verdict: give a half-open trial slot back."""
@@ -346,7 +347,7 @@ class CircuitBreaker(Policy):
         except BaseException as exc:
             self._on_error(epoch, start, exc)
             raise
-        self._record(epoch, False, start)
+        self._on_success(epoch, start)
         return result
 
     async def _async(self, nxt: AsyncNext, fn: Callable[..., Any], args: Args,
@@ -358,5 +359,5 @@ class CircuitBreaker(Policy):
         except BaseException as exc:
             self._on_error(epoch, start, exc)
             raise
-        self._record(epoch, False, start)
+        self._on_success(epoch, start)
         return result

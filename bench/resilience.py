@@ -67,7 +67,7 @@ SYNC: dict[str, tuple[str, Callable[[], Callable[[Any], Any]]]] = {
     "stormguard Timeout(1.0)": ("sg", lambda: Timeout(1.0)),
     "stormguard Retry(attempts=3)": ("sg", lambda: Retry(attempts=3)),
     "stormguard Retry + RetryBudget": ("sg", lambda: Retry(attempts=3, budget=RetryBudget())),
-    "stormguard CircuitBreaker()": ("sg", lambda: CircuitBreaker()),
+    "stormguard CircuitBreaker()": ("sg", CircuitBreaker),
     "stormguard CircuitBreaker(slow_call_duration=1)": (
         "sg", lambda: CircuitBreaker(slow_call_duration=1.0)),
     "stormguard Bulkhead(100)": ("sg", lambda: Bulkhead(100)),
@@ -79,7 +79,7 @@ SYNC: dict[str, tuple[str, Callable[[], Callable[[Any], Any]]]] = {
     "stamina @retry(attempts=3)": ("retry", lambda: stamina.retry(on=Exception, attempts=3)),
     "backoff @on_exception(expo, max_tries=3)": (
         "retry", lambda: backoff.on_exception(backoff.expo, Exception, max_tries=3)),
-    "pybreaker CircuitBreaker()": ("breaker", lambda: pybreaker.CircuitBreaker()),
+    "pybreaker CircuitBreaker()": ("breaker", pybreaker.CircuitBreaker),
     "circuitbreaker @circuit": ("breaker", lambda: circuitbreaker.circuit(failure_threshold=5)),
 }
 

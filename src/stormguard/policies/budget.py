@@ -10,7 +10,6 @@ more load". Thread-safe: one short lock per first attempt and per retry.
 
 from __future__ import annotations
 
-import math
 import threading
 
 from stormguard._clock import Clock, system_clock
@@ -39,7 +38,7 @@ class RetryBudget:
         self._retries = [0] * _BUCKETS
         self._n_first = 0
         self._n_retry = 0
-        self._idx = math.floor(self._clock.monotonic() * self._inv_width)
+        self._idx = int(self._clock.monotonic() * self._inv_width)
 
     def __repr__(self) -> str:
         return (f"RetryBudget(ratio={self.ratio}, min_per_second={self.min_per_second}, "
@@ -62,7 +61,7 @@ class RetryBudget:
 
     def record_attempt(self) -> None:
         """Count one first attempt (every call through a Retry that uses this budget)."""
-        idx = math.floor(self._clock.monotonic() * self._inv_width)
+        idx = int(self._clock.monotonic() * self._inv_width)
         with self._lock:
             if idx > self._idx:
                 self._rotate(idx)
@@ -71,7 +70,7 @@ class RetryBudget:
 
     def try_spend(self) -> bool:
         """Take one retry from the budget; False when it is spent."""
-        idx = math.floor(self._clock.monotonic() * self._inv_width)
+        idx = int(self._clock.monotonic() * self._inv_width)
         with self._lock:
             if idx > self._idx:
                 self._rotate(idx)
@@ -83,7 +82,7 @@ class RetryBudget:
 
     def available(self) -> float:
         """Retries the budget would allow right now."""
-        idx = math.floor(self._clock.monotonic() * self._inv_width)
+        idx = int(self._clock.monotonic() * self._inv_width)
         with self._lock:
             if idx > self._idx:
                 self._rotate(idx)

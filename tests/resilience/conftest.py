@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -53,3 +54,12 @@ def failing(exc: BaseException | None = None) -> Callable[[], Any]:
 
 def ok(value: Any = "ok") -> Callable[[], Any]:
     return lambda: value
+
+
+def run_threads(target: Callable[[], Any], n: int) -> None:
+    """Run ``target`` in ``n`` real threads at once and wait for all of them."""
+    threads = [threading.Thread(target=target) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()

@@ -12,7 +12,7 @@ import pytest
 from stormguard import BulkheadFull, CircuitBreaker, CircuitOpen, ConfigError
 from stormguard.policies.events import CallRejected, Event, StateChanged
 from stormguard.testing import FakeClock
-from tests.resilience.conftest import Boom, Mode, failing, ok
+from tests.resilience.conftest import Boom, Mode, failing, ok, run_threads
 
 
 async def fail_n(mode: Mode, breaker: CircuitBreaker, n: int) -> None:
@@ -96,10 +96,7 @@ async def test_half_open_failure_reopens_for_open_for(mode: Mode, clock: FakeClo
 async def test_half_open_admits_exactly_n_sequentially_in_flight(clock: FakeClock) -> None:
     """While the trials are running, any further caller is rejected with remaining=0."""
     b = CircuitBreaker(window=2, min_calls=2, open_for=5, half_open_calls=2, clock=clock)
-    for _ in range(2):
-        with pytest.raises(Boom):
-            await b.acall(_araise)
-    clock.advance(5)
+    _open_then_half_open(b, clock)
     gate = asyncio.Event()
 
     async def trial() -> str:
@@ -148,10 +145,7 @@ async def test_inner_rejections_are_not_failures(mode: Mode, clock: FakeClock) -
 
 async def test_cancellation_is_not_a_failure_and_frees_a_trial_slot(clock: FakeClock) -> None:
     b = CircuitBreaker(window=2, min_calls=2, open_for=5, half_open_calls=1, clock=clock)
-    for _ in range(2):
-        with pytest.raises(Boom):
-            await b.acall(_araise)
-    clock.advance(5)
+    _open_then_half_open(b, clock)
     started = asyncio.Event()
 
     async def hang() -> None:
@@ -282,10 +276,7 @@ async def test_outcome_of_a_call_from_before_a_transition_is_ignored(clock: Fake
 
     straggler = asyncio.ensure_future(b.acall(slow_fail))
     await asyncio.sleep(0)
-    for _ in range(2):
-        with pytest.raises(Boom):
-            await b.acall(_araise)
-    clock.advance(5)
+    _open_then_half_open(b, clock)
     assert await b.acall(_aok) == "ok"
     assert b.state == "closed"
     gate.set()
@@ -380,12 +371,8 @@ async def test_half_open_admits_exactly_n_of_64_tasks(clock: FakeClock) -> None:
 def test_no_lock_held_during_the_call() -> None:
     """4 threads x 0.1 s through one breaker take about 0.1 s, not 0.4 s."""
     b = CircuitBreaker(window=10, min_calls=10, slow_call_duration=5.0)
-    threads = [threading.Thread(target=b.call, args=(time.sleep, 0.1)) for _ in range(4)]
     began = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(lambda: b.call(time.sleep, 0.1), 4)
     assert time.monotonic() - began < 0.3
     assert b.snapshot() == (4, 0, 0)
 
@@ -397,9 +384,5 @@ def test_concurrent_records_are_not_lost() -> None:
         for _ in range(1000):
             b.call(int)
 
-    threads = [threading.Thread(target=worker) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(worker, 4)
     assert b.snapshot() == (4000, 0, 0)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -12,6 +14,7 @@ import pytest
 from stormguard import Bulkhead, BulkheadFull, ConfigError, DeadlineExceeded, Timeout
 from stormguard.policies.events import BulkheadRejected, Event
 from stormguard.testing import FakeClock
+from tests.resilience.conftest import run_threads
 
 
 class Gauge:
@@ -34,6 +37,26 @@ class Gauge:
             self.done += 1
 
 
+@contextmanager
+def held(bh: Bulkhead, for_seconds: float = 5.0) -> Iterator[threading.Event]:
+    """A thread holds one slot of ``bh`` until the block ends (or ``for_seconds``)."""
+    inside = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        inside.set()
+        release.wait(for_seconds)
+
+    t = threading.Thread(target=bh.call, args=(hold,))
+    t.start()
+    inside.wait(5)
+    try:
+        yield release
+    finally:
+        release.set()
+        t.join()
+
+
 def test_threads_never_exceed_max_concurrent() -> None:
     bh = Bulkhead(max_concurrent=3, max_wait=5.0)
     gauge = Gauge()
@@ -47,11 +70,7 @@ def test_threads_never_exceed_max_concurrent() -> None:
         for _ in range(5):
             bh.call(work)
 
-    threads = [threading.Thread(target=worker) for _ in range(12)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(worker, 12)
     assert gauge.peak == 3
     assert gauge.done == 60
     assert (bh.in_flight, bh.waiting) == (0, 0)
@@ -103,22 +122,11 @@ async def test_threads_and_tasks_share_one_bulkhead() -> None:
 def test_max_wait_zero_rejects_at_once(clock: FakeClock) -> None:
     events: list[Event] = []
     bh = Bulkhead(max_concurrent=1, clock=clock, listeners=(events.append,))
-    inside = threading.Event()
-    release = threading.Event()
-
-    def hold() -> None:
-        inside.set()
-        release.wait(5)
-
-    t = threading.Thread(target=bh.call, args=(hold,))
-    t.start()
-    inside.wait(5)
-    began = time.monotonic()
-    with pytest.raises(BulkheadFull):
-        bh.call(int)
-    assert time.monotonic() - began < 0.05
-    release.set()
-    t.join()
+    with held(bh):
+        began = time.monotonic()
+        with pytest.raises(BulkheadFull):
+            bh.call(int)
+        assert time.monotonic() - began < 0.05
     assert bh.call(int) == 0
     assert [(type(e), e.max_concurrent, e.waited) for e in events] == [
         (BulkheadRejected, 1, 0.0)]
@@ -137,38 +145,18 @@ async def test_async_max_wait_zero_rejects_at_once() -> None:
 
 def test_waiter_gets_the_slot_when_one_frees_in_time() -> None:
     bh = Bulkhead(max_concurrent=1, max_wait=2.0)
-    inside = threading.Event()
-
-    def hold() -> None:
-        inside.set()
-        time.sleep(0.02)
-
-    t = threading.Thread(target=bh.call, args=(hold,))
-    t.start()
-    inside.wait(5)
-    assert bh.call(lambda: "got it") == "got it"
-    t.join()
+    with held(bh, for_seconds=0.02):
+        assert bh.call(lambda: "got it") == "got it"
 
 
 def test_waiter_times_out_after_max_wait() -> None:
     bh = Bulkhead(max_concurrent=1, max_wait=0.02)
-    inside = threading.Event()
-    release = threading.Event()
-
-    def hold() -> None:
-        inside.set()
-        release.wait(5)
-
-    t = threading.Thread(target=bh.call, args=(hold,))
-    t.start()
-    inside.wait(5)
-    began = time.monotonic()
-    with pytest.raises(BulkheadFull):
-        bh.call(int)
-    assert 0.015 < time.monotonic() - began < 1.0
-    assert bh.waiting == 0
-    release.set()
-    t.join()
+    with held(bh):
+        began = time.monotonic()
+        with pytest.raises(BulkheadFull):
+            bh.call(int)
+        assert 0.015 < time.monotonic() - began < 1.0
+        assert bh.waiting == 0
     assert bh.in_flight == 0
 
 
@@ -215,23 +203,12 @@ async def test_waiters_are_served_first_come_first_served() -> None:
 
 def test_wait_is_clipped_to_the_deadline() -> None:
     bh = Bulkhead(max_concurrent=1, max_wait=10.0)
-    inside = threading.Event()
-    release = threading.Event()
-
-    def hold() -> None:
-        inside.set()
-        release.wait(5)
-
-    t = threading.Thread(target=bh.call, args=(hold,))
-    t.start()
-    inside.wait(5)
-    began = time.monotonic()
-    with pytest.raises(DeadlineExceeded) as info:  # it waited until the deadline, no longer
-        Timeout(total=0.03).call(bh.call, int)
-    assert isinstance(info.value.__cause__, BulkheadFull)
-    assert time.monotonic() - began < 1.0
-    release.set()
-    t.join()
+    with held(bh):
+        began = time.monotonic()
+        with pytest.raises(DeadlineExceeded) as info:  # it waited until the deadline, no longer
+            Timeout(total=0.03).call(bh.call, int)
+        assert isinstance(info.value.__cause__, BulkheadFull)
+        assert time.monotonic() - began < 1.0
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-import threading
 from typing import Any
 
 import pytest
@@ -24,7 +23,7 @@ from stormguard import (
 from stormguard.policies.events import BudgetExhausted, Event, RetryGaveUp, RetryScheduled
 from stormguard.policies.retry import restrict
 from stormguard.testing import FakeClock
-from tests.resilience.conftest import Boom, Mode
+from tests.resilience.conftest import Boom, Mode, run_threads
 
 
 class Flaky:
@@ -282,11 +281,7 @@ def test_budget_never_overspent_by_threads() -> None:
     def worker() -> None:
         granted.append(sum(budget.try_spend() for _ in range(100)))
 
-    threads = [threading.Thread(target=worker) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(worker, 4)
     assert sum(granted) == 100
 
 

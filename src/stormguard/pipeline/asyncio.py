@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 
+from stormguard.pipeline.blocking import compose
 from stormguard.policies._base import AsyncNext, Policy, ainvoke
 
 __all__ = ["achain"]
@@ -12,7 +12,5 @@ __all__ = ["achain"]
 
 def achain(policies: Sequence[Policy], innermost: AsyncNext = ainvoke) -> AsyncNext:
     """One coroutine function ``(fn, args, kwargs)`` running ``policies`` outermost-first."""
-    nxt: AsyncNext = innermost
-    for policy in reversed(policies):
-        nxt = partial(policy._async, nxt)
-    return nxt
+    result: AsyncNext = compose(policies, "_async", innermost)
+    return result

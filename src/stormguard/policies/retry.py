@@ -23,7 +23,7 @@ it gives up and raises the last error instead. When its
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -174,26 +174,37 @@ class Retry(Policy):
             self._emit(RetryGaveUp(self.name, clock.monotonic(), attempt, reason, error))
         return None
 
-    # -- drivers ---------------------------------------------------------------------------
-    def _sync(self, nxt: Next, fn: Callable[..., Any], args: Args, kwargs: Kwargs) -> Any:
-        if self.budget is not None:
-            self.budget.record_attempt()
-        try:
-            return nxt(fn, args, kwargs)
-        except Exception as exc:
-            error = exc
+    def _flow(self, error: Exception) -> Generator[float, Exception, None]:
+        """The retry loop as a sans-I/O flow, entered after the first attempt failed.
+
+        Yields the delay before the next attempt; the driver sleeps, runs the
+        attempt and sends its error back in (or stops on success). Ends by
+        raising the error to give up with.
+        """
         attempt, delay = 1, 0.0
         while True:
             planned = self._plan(attempt, error, delay)
             if planned is None:
                 raise error
             delay = planned
-            self._clock.sleep(delay)
+            error = yield delay
             attempt += 1
+
+    # -- drivers: the first attempt costs one try/except; the flow only runs on failure ----
+    def _sync(self, nxt: Next, fn: Callable[..., Any], args: Args, kwargs: Kwargs) -> Any:
+        if self.budget is not None:
+            self.budget.record_attempt()
+        try:
+            return nxt(fn, args, kwargs)
+        except Exception as exc:
+            flow = self._flow(exc)
+            delay = next(flow)
+        while True:
+            self._clock.sleep(delay)
             try:
                 return nxt(fn, args, kwargs)
             except Exception as exc:
-                error = exc
+                delay = flow.send(exc)
 
     async def _async(self, nxt: AsyncNext, fn: Callable[..., Any], args: Args,
                      kwargs: Kwargs) -> Any:
@@ -202,16 +213,11 @@ class Retry(Policy):
         try:
             return await nxt(fn, args, kwargs)
         except Exception as exc:
-            error = exc
-        attempt, delay = 1, 0.0
+            flow = self._flow(exc)
+            delay = next(flow)
         while True:
-            planned = self._plan(attempt, error, delay)
-            if planned is None:
-                raise error
-            delay = planned
             await self._clock.asleep(delay)
-            attempt += 1
             try:
                 return await nxt(fn, args, kwargs)
             except Exception as exc:
-                error = exc
+                delay = flow.send(exc)

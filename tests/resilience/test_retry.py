@@ -306,3 +306,16 @@ async def test_restrict_vetoes_retries_inside_the_block(mode: Mode, clock: FakeC
             assert await mode.call(r, Flaky(1, lambda: TransientError(
                 "connect refused"))) == "ok"
     assert await mode.call(r, Flaky(1)) == "ok"  # restriction gone
+
+
+def test_lock_free_first_attempt_counting_under_threads() -> None:
+    clock = FakeClock()
+    budget = RetryBudget(ratio=1.0, min_per_second=0.0, window=10.0, clock=clock)
+
+    def worker() -> None:
+        for _ in range(5000):
+            budget.record_attempt()
+
+    run_threads(worker, 4)
+    # documented: a racing increment may be lost, by at most a handful
+    assert 19_900 <= budget.available() <= 20_000

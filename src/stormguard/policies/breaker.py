@@ -107,7 +107,7 @@ class CircuitBreaker(Policy):
                                    check_positive("slow_call_duration", slow_call_duration))
         self._slow = self.slow_call_duration
         self._timed = self._slow is not None or window_type == "time"
-        self._fast = not self._timed  # successes may take the lock-free path (see _sync)
+        self._fast = window_type == "count"  # quick successes skip the lock (_on_success)
         self._is_failure = _failure_classifier(failure_on)
         super().__init__(name=name, clock=clock, listeners=listeners)
         self._lock = threading.Lock()
@@ -316,10 +316,11 @@ class CircuitBreaker(Policy):
             self._changed(change)
 
     def _on_success(self, epoch: int, start: float) -> None:
-        if self._fast:
-            # Lock-free for the common case: closed, count window, min_calls already reached
-            # (a success can then only lower the rates: no decision to take). Read the deque
-            # before the epoch: a transition bumps the epoch, then swaps the deque.
+        if self._fast and (self._slow is None or self._clock.monotonic() - start < self._slow):
+            # Lock-free for the common case: a quick success, closed, count window, min_calls
+            # already reached (a quick success can then only lower the rates: no decision to
+            # take). Read the deque before the epoch: a transition bumps the epoch, then swaps
+            # the deque, so an append that loses that race lands in a deque nobody reads.
             ring = self._ring
             if epoch == self._epoch and self._state == CLOSED and len(ring) >= self.min_calls:
                 ring.append(0)

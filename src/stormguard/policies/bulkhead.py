@@ -1,17 +1,20 @@
 """Bulkhead: at most ``max_concurrent`` calls in flight; the next waits up to ``max_wait``.
 
-One bulkhead serves threads and asyncio tasks at once: the count of calls in
-flight is guarded by a short lock (never held during the call), and waiters
-queue in FIFO order. A finishing call hands its slot directly to the first
-waiter (a thread woken through an Event, or a task through its loop), so a
-newcomer can never overtake the queue and the limit is never exceeded.
-``max_wait=0`` rejects at once with :class:`BulkheadFull`. Waiting is real
-waiting (an OS or event-loop timer), clipped to the deadline in force.
+The free slots are tokens in a :class:`queue.SimpleQueue` (C code, atomic
+without a Python-level lock): a call takes one with ``get_nowait()`` and puts
+it back when it ends, so the limit can never be exceeded, whatever mix of
+threads and asyncio tasks shares the bulkhead. Threads that must wait block in
+``get(timeout)``; tasks wait on a future that a finishing call resolves (oldest
+waiting task first). ``max_wait=0`` rejects at once with :class:`BulkheadFull`.
+Waiting is real waiting (an OS or event-loop timer), clipped to the deadline
+in force. A freed slot goes to whichever waiter gets to it first: there is no
+strict first-come order between a waiting thread and a waiting task.
 """
 
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -33,34 +36,19 @@ from stormguard.policies.events import BulkheadRejected, Listener
 
 __all__ = ["Bulkhead"]
 
+_Waiter = tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]"]
 
-class _Waiter:
-    __slots__ = ("event", "future", "granted", "loop")
 
-    def __init__(self, event: threading.Event | None,
-                 loop: asyncio.AbstractEventLoop | None,
-                 future: asyncio.Future[None] | None) -> None:
-        self.event = event
-        self.loop = loop
-        self.future = future
-        self.granted = False
-
-    def wake(self) -> None:
-        if self.event is not None:
-            self.event.set()
-        else:
-            assert self.loop is not None
-            self.loop.call_soon_threadsafe(self._resolve)
-
-    def _resolve(self) -> None:
-        if self.future is not None and not self.future.done():
-            self.future.set_result(None)
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class Bulkhead(Policy):
     """Limit concurrent calls to one dependency, for threads and asyncio alike."""
 
-    __slots__ = ("_in_flight", "_lock", "_waiters", "max_concurrent", "max_wait")
+    __slots__ = ("_awaiters", "_free", "_lock", "_threads_waiting", "max_concurrent",
+                 "max_wait")
 
     def __init__(self, max_concurrent: int = 20, max_wait: float = 0.0, *,
                  name: str = "bulkhead", clock: Clock | None = None,
@@ -68,9 +56,12 @@ class Bulkhead(Policy):
         self.max_concurrent = check_int("max_concurrent", max_concurrent)
         self.max_wait = check_positive("max_wait", max_wait, allow_zero=True)
         super().__init__(name=name, clock=clock, listeners=listeners)
-        self._lock = threading.Lock()
-        self._in_flight = 0
-        self._waiters: deque[_Waiter] = deque()
+        self._free: queue.SimpleQueue[None] = queue.SimpleQueue()
+        for _ in range(self.max_concurrent):
+            self._free.put(None)
+        self._lock = threading.Lock()  # guards the waiter bookkeeping only (slow path)
+        self._awaiters: deque[_Waiter] = deque()
+        self._threads_waiting = 0
 
     def __repr__(self) -> str:
         return f"Bulkhead(max_concurrent={self.max_concurrent}, max_wait={self.max_wait})"
@@ -78,33 +69,40 @@ class Bulkhead(Policy):
     @property
     def in_flight(self) -> int:
         """Calls running now."""
-        return self._in_flight
+        return self.max_concurrent - self._free.qsize()
 
     @property
     def waiting(self) -> int:
-        """Callers queued for a slot now."""
-        return len(self._waiters)
+        """Callers (threads and tasks) queued for a slot now."""
+        return self._threads_waiting + len(self._awaiters)
 
-    # -- permission protocol -------------------------------------------------------------------
-    def _try_acquire(self) -> bool:
-        with self._lock:
-            if self._in_flight < self.max_concurrent and not self._waiters:
-                self._in_flight += 1
-                return True
-            return False
-
-    def _hand_over(self) -> None:
-        """Pass a finishing call's slot to the first waiter (caller holds the lock)."""
-        waiter = self._waiters.popleft()
-        waiter.granted = True  # _in_flight is unchanged: the slot changes hands
-        waiter.wake()
-
+    # -- slots ----------------------------------------------------------------------------
     def _release(self) -> None:
+        self._free.put(None)
+        if self._awaiters:
+            self._wake_one()
+
+    def _wake_one(self) -> None:
+        """Wake the oldest waiting task, if any (a free token is there for it)."""
         with self._lock:
-            if self._waiters:
-                self._hand_over()
-            else:
-                self._in_flight -= 1
+            while self._awaiters:
+                loop, future = self._awaiters.popleft()
+                try:
+                    loop.call_soon_threadsafe(_resolve, future)
+                except RuntimeError:  # its loop is closed: try the next one
+                    continue
+                return
+
+    def _forget(self, waiter: _Waiter) -> None:
+        """A task stops waiting; if a wake-up was already meant for it, pass it on."""
+        with self._lock:
+            try:
+                self._awaiters.remove(waiter)
+                return
+            except ValueError:
+                pass  # popped by _wake_one: that wake-up must not be lost
+        if self._free.qsize() and self._awaiters:
+            self._wake_one()
 
     def _wait_budget(self) -> float:
         wait = self.max_wait
@@ -112,23 +110,6 @@ class Bulkhead(Policy):
         if d is not None:
             wait = min(wait, max(0.0, d.remaining()))
         return wait
-
-    def _enqueue(self, waiter: _Waiter) -> bool:
-        """Queue ``waiter`` unless a slot is free right now (then take it: True)."""
-        with self._lock:
-            if self._in_flight < self.max_concurrent and not self._waiters:
-                self._in_flight += 1
-                return True
-            self._waiters.append(waiter)
-            return False
-
-    def _give_up(self, waiter: _Waiter) -> bool:
-        """The wait ended without a wake-up: True if the slot was granted meanwhile."""
-        with self._lock:
-            if waiter.granted:
-                return True
-            self._waiters.remove(waiter)
-            return False
 
     def _reject(self, waited: float) -> BulkheadFull:
         if self._observed():
@@ -141,53 +122,66 @@ class Bulkhead(Policy):
         wait = self._wait_budget()
         if wait <= 0:
             raise self._reject(0.0)
-        waiter = _Waiter(threading.Event(), None, None)
-        if self._enqueue(waiter):
-            return
-        assert waiter.event is not None
-        if not waiter.event.wait(wait) and not self._give_up(waiter):
-            raise self._reject(wait)
+        with self._lock:
+            self._threads_waiting += 1
+        try:
+            self._free.get(timeout=wait)
+        except queue.Empty:
+            raise self._reject(wait) from None
+        finally:
+            with self._lock:
+                self._threads_waiting -= 1
 
     async def _acquire_async(self) -> None:
         wait = self._wait_budget()
         if wait <= 0:
             raise self._reject(0.0)
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        waiter = _Waiter(None, loop, future)
-        if self._enqueue(waiter):
-            return
-        try:
-            async with asyncio.timeout(wait):
-                await future
-        except TimeoutError:
-            if not self._give_up(waiter):
+        end = loop.time() + wait
+        while True:
+            waiter: _Waiter = (loop, loop.create_future())
+            with self._lock:
+                self._awaiters.append(waiter)
+            try:  # a slot freed before we queued would wake nobody: look again
+                self._free.get_nowait()
+            except queue.Empty:
+                pass
+            else:
+                self._forget(waiter)
+                return
+            try:
+                async with asyncio.timeout(end - loop.time()):
+                    await waiter[1]
+            except TimeoutError:
+                self._forget(waiter)
                 raise self._reject(wait) from None
-        except BaseException:
-            if self._give_up(waiter):
-                self._release()
-            raise
+            except BaseException:
+                self._forget(waiter)
+                raise
+            try:
+                self._free.get_nowait()
+            except queue.Empty:  # a thread took it first: wait again
+                continue
+            return
 
-    # -- drivers (sync inlines _try_acquire/_release: a method call is 10 % of its cost) ---------
+    # -- drivers ---------------------------------------------------------------------------
     def _sync(self, nxt: Next, fn: Callable[..., Any], args: Args, kwargs: Kwargs) -> Any:
-        with self._lock:
-            admitted = self._in_flight < self.max_concurrent and not self._waiters
-            if admitted:
-                self._in_flight += 1
-        if not admitted:
+        try:
+            self._free.get_nowait()
+        except queue.Empty:
             self._acquire_blocking()
         try:
             return nxt(fn, args, kwargs)
         finally:
-            with self._lock:
-                if self._waiters:
-                    self._hand_over()
-                else:
-                    self._in_flight -= 1
+            self._free.put(None)
+            if self._awaiters:
+                self._wake_one()
 
     async def _async(self, nxt: AsyncNext, fn: Callable[..., Any], args: Args,
                      kwargs: Kwargs) -> Any:
-        if not self._try_acquire():
+        try:
+            self._free.get_nowait()
+        except queue.Empty:
             await self._acquire_async()
         try:
             return await nxt(fn, args, kwargs)

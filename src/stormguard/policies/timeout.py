@@ -37,7 +37,7 @@ __all__ = ["Timeout"]
 class Timeout(Policy):
     """Bound the wrapped call (``Timeout(seconds)``) or everything inside (``total=``)."""
 
-    __slots__ = ("seconds", "total")
+    __slots__ = ("_monotonic", "seconds", "total")
 
     def __init__(self, seconds: float | None = None, *, total: float | None = None,
                  name: str | None = None, clock: Clock | None = None,
@@ -51,6 +51,7 @@ class Timeout(Policy):
         self.total = is_total
         super().__init__(name=name or ("total_timeout" if is_total else "timeout"),
                          clock=clock, listeners=listeners)
+        self._monotonic = self._clock.monotonic
 
     def __repr__(self) -> str:
         arg = f"total={self.seconds}" if self.total else f"{self.seconds}"
@@ -86,22 +87,22 @@ class Timeout(Policy):
     def _sync(self, nxt: Next, fn: Callable[..., Any], args: Args, kwargs: Kwargs) -> Any:
         # _enter() inlined for the common case (no outer deadline): this is the hot path.
         if _current.get() is None:
-            clock = self._clock
-            now = clock.monotonic()
-            d = Deadline(now + self.seconds, clock)
+            now = self._monotonic()
+            d = Deadline(now + self.seconds, self._clock)
+            monotonic = self._monotonic
         else:
             d, now = self._enter()
-            clock = d.clock
+            monotonic = d.clock.monotonic
         token = _current.set(d)
         try:
             result = nxt(fn, args, kwargs)
         except Exception as exc:
-            if clock.monotonic() >= d.at and not isinstance(exc, DeadlineExceeded):
+            if monotonic() >= d.at and not isinstance(exc, DeadlineExceeded):
                 raise self._late(d, now) from exc
             raise
         finally:
             _current.reset(token)
-        if clock.monotonic() >= d.at:
+        if monotonic() >= d.at:
             raise self._late(d, now)
         return result
 

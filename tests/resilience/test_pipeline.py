@@ -257,3 +257,23 @@ def test_a_broken_listener_never_breaks_the_call(caplog: pytest.LogCaptureFixtur
     with caplog.at_level(logging.ERROR, logger="stormguard"):
         assert r.call(fn) == "ok"
     assert "listener" in caplog.text
+
+
+async def test_a_pipeline_is_itself_a_layer(mode: Mode, clock: FakeClock) -> None:
+    """Chained as one layer (not flattened), it still runs its policies around the rest."""
+    from stormguard.pipeline.asyncio import achain
+    from stormguard.pipeline.blocking import chain
+
+    log: list[str] = []
+    inner = Pipeline(Tag("b", log), Tag("c", log))
+    layers = [Tag("a", log), inner, Tag("d", log)]
+    if mode.is_async:
+        async def add(x: int) -> int:
+            return x + 1
+
+        assert await achain(layers)(add, (1,), {}) == 2
+    else:
+        assert chain(layers)(lambda x: x + 1, (1,), {}) == 2
+    assert log == ["a>", "b>", "c>", "d>", "<d", "<c", "<b", "<a"]
+    assert repr(inner).startswith("Pipeline(")
+    assert "Retry(attempts=3" in repr(Pipeline(Retry(clock=clock), Timeout(total=1.0)))

@@ -179,3 +179,30 @@ async def test_callee_swallowing_the_cancellation_still_times_out() -> None:
     assert task is not None
     assert task.cancelling() == 0  # no cancellation request left behind
     await asyncio.sleep(0)  # and the task is not cancelled at its next await
+
+
+async def test_callee_turning_the_cancellation_into_an_error_times_out() -> None:
+    async def converts() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            raise Boom("cleanup failed") from None
+
+    with pytest.raises(DeadlineExceeded) as info:
+        await Timeout(0.02).acall(converts)
+    assert isinstance(info.value.__cause__, Boom)
+    task = asyncio.current_task()
+    assert task is not None
+    assert task.cancelling() == 0
+
+
+async def test_outer_deadline_on_another_clock_still_clips(mode: Mode) -> None:
+    outer_clock, inner_clock = FakeClock(), FakeClock(monotonic_start=5_000.0)
+    seen: list[float | None] = []
+
+    def body() -> None:
+        outer_clock.advance(2.5)
+        Timeout(1.0, clock=inner_clock).call(lambda: seen.append(deadline.remaining()))
+
+    await mode.call(Timeout(total=3.0, clock=outer_clock), body)
+    assert seen == [pytest.approx(0.5)]

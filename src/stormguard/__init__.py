@@ -15,25 +15,41 @@ from stormguard.errors import (
     TransientError,
 )
 from stormguard.limiter import AsyncRateLimiter, RateLimiter
+from stormguard.pipeline import Pipeline
+from stormguard.policies import (
+    Bulkhead,
+    CircuitBreaker,
+    Fallback,
+    Retry,
+    RetryBudget,
+    Timeout,
+)
 from stormguard.rules import Rule
 from stormguard.stores import MemoryStore, Store
 
 __all__ = [
     "AsyncRateLimiter",
+    "Bulkhead",
     "BulkheadFull",
+    "CircuitBreaker",
     "CircuitOpen",
     "Clock",
     "ConfigError",
     "DeadlineExceeded",
     "Decision",
+    "Fallback",
     "MemoryStore",
+    "Pipeline",
     "RateLimiter",
+    "Retry",
+    "RetryBudget",
     "RetryBudgetExhausted",
     "Rule",
     "StorageError",
     "Store",
     "StormguardError",
     "SystemClock",
+    "Timeout",
     "TransientError",
 ]
 

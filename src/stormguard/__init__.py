@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from stormguard._clock import Clock, SystemClock
 from stormguard.decision import Decision
 from stormguard.errors import (
@@ -18,6 +20,9 @@ from stormguard.limiter import AsyncRateLimiter, RateLimiter
 from stormguard.rules import Rule
 from stormguard.stores import MemoryStore, Store
 
+if TYPE_CHECKING:
+    from stormguard.stores.redis import RedisClusterStore, RedisStore
+
 __all__ = [
     "AsyncRateLimiter",
     "BulkheadFull",
@@ -28,6 +33,8 @@ __all__ = [
     "Decision",
     "MemoryStore",
     "RateLimiter",
+    "RedisClusterStore",
+    "RedisStore",
     "RetryBudgetExhausted",
     "Rule",
     "StorageError",
@@ -38,3 +45,12 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # the Redis stores import redis-py: only when asked for, so the core works without it
+    if name in ("RedisClusterStore", "RedisStore"):
+        from stormguard.stores import redis as _redis
+
+        return getattr(_redis, name)
+    raise AttributeError(f"module 'stormguard' has no attribute {name!r}")

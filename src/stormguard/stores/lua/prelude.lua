@@ -1,0 +1,60 @@
+-- stormguard: shared prelude of the rate-limit script.
+-- Mirrors stormguard/algorithms/__init__.py exactly. Lua numbers are doubles, exact
+-- for integers below 2^53: every intermediate value here is kept below that bound
+-- (the store rejects rules that could exceed it), and every division is corrected
+-- to the exact floor.
+
+local function fdiv(a, b)  -- floor(a / b), exact for integers, b > 0
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then
+    q = q - 1
+  elseif r >= b then
+    q = q + 1
+  end
+  return q
+end
+
+local function cdiv(a, b)  -- ceil(a / b)
+  return -fdiv(-a, b)
+end
+
+local function fmt(x)
+  return string.format('%.0f', x)
+end
+
+-- a state stored as space separated integers in one string key
+local function getnums(key)
+  local v = redis.call('GET', key)
+  if not v then
+    return nil
+  end
+  local t = {}
+  for num in string.gmatch(v, '%S+') do
+    t[#t + 1] = tonumber(num)
+  end
+  return t
+end
+
+-- milliseconds until exp (microseconds), rounded up: the key lives until the state
+-- it holds is indistinguishable from a fresh key, and not longer
+local function ttl_ms(exp, now)
+  local ms = cdiv(exp - now, 1000)
+  if ms < 1 then
+    ms = 1
+  end
+  return ms
+end
+
+local function putnums(key, t, now, exp)
+  local parts = {}
+  for i = 1, #t do
+    parts[i] = fmt(t[i])
+  end
+  redis.call('SET', key, table.concat(parts, ' '), 'PX', ttl_ms(exp, now))
+end
+
+-- load(key, now, N, W) -> state | nil
+-- decide(state, now, N, W, B, cost, consume) -> allowed, new_state, remaining, reset, retry, expires_at
+-- save(key, new_state, now, expires_at)
+local ALGOS = {}

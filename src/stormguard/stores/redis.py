@@ -1,0 +1,642 @@
+"""Distributed counters on Redis and Redis Cluster.
+
+One Lua script evaluates every algorithm (``lua/*.lua``, one file per algorithm,
+concatenated at load time); every ``hit``, ``peek`` and ``hit_all`` is exactly one
+``EVALSHA`` round trip (plus one ``EVAL`` the first time a server lacks the script).
+
+* Keys: ``{prefix}:{<tag>}:<rule id>`` where ``<tag>`` is a 128-bit BLAKE2b digest of the
+  user key. The digest is the cluster hash tag, so all rules of one key share a slot,
+  braces in user keys never act as hash tags, and a user key cannot pick a slot or
+  collide with another key.
+* Time: the server's ``TIME`` by default (``time_source="server"``), or the store
+  clock's wall time (``time_source="client"``, for deterministic tests).
+* Every failure (connection refused, timeout, script error, breaker open) is a
+  :class:`~stormguard.StorageError`. A built-in circuit breaker stops calling a sick
+  server after ``breaker_threshold`` consecutive failures and probes it again after
+  ``breaker_cooldown`` seconds.
+* Async calls on one event loop are coalesced: everything queued while a round trip
+  is in flight goes out as one pipeline on one connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
+
+from stormguard import deadline
+from stormguard._clock import Clock, system_clock
+from stormguard.decision import Decision
+from stormguard.errors import ConfigError, StorageError
+from stormguard.rules import Rule
+from stormguard.stores.base import Store, binding, check_cost, check_rules, key_error
+
+__all__ = ["SCRIPT", "RedisClusterStore", "RedisStore", "load_script"]
+
+TimeSource = Literal["server", "client"]
+
+_LUA_FILES = (
+    "prelude.lua",
+    "fixed_window.lua",
+    "sliding_window_counter.lua",
+    "sliding_window_log.lua",
+    "token_bucket.lua",
+    "gcra.lua",
+    "leaky_bucket.lua",
+    "main.lua",
+)
+_CODES = {
+    "fixed_window": "fw",
+    "sliding_window_counter": "swc",
+    "sliding_window_log": "swl",
+    "token_bucket": "tb",
+    "gcra": "gcra",
+    "leaky_bucket": "lb",
+}
+_EXACT = 2**53
+#: Errors that mean "the backend failed" (everything redis-py and the OS raise).
+_BACKEND_ERRORS = (RedisError, RedisClusterException, OSError, asyncio.TimeoutError)
+
+
+def load_script() -> str:
+    """The rate-limit script: the prelude, the six algorithms and the entry point."""
+    lua = resources.files("stormguard.stores") / "lua"
+    return "\n".join(lua.joinpath(name).read_text(encoding="utf-8") for name in _LUA_FILES)
+
+
+SCRIPT = load_script()
+_SHA = hashlib.sha1(SCRIPT.encode(), usedforsecurity=False).hexdigest()
+
+
+def _rule_args(rule: Rule) -> tuple[str, int, int, int]:
+    """The script arguments of one rule, after checking the Lua arithmetic stays exact."""
+    a = rule._algo
+    n, w, b = a.N, a.W, a.B
+    code = _CODES[a.name]
+    if code == "swc":
+        bound = 3 * n * w
+    elif code in ("tb", "gcra", "lb"):
+        bound = 2 * b * w + n
+    else:
+        bound = 0
+    if bound >= _EXACT:
+        raise ConfigError("rule", str(rule),
+                          "too large for the Redis store's exact arithmetic (capacity x "
+                          f"window in microseconds must stay below {_EXACT // 3:.3e}); "
+                          "use a shorter window or a smaller limit")
+    return (code, n, w, b)
+
+
+class _Breaker:
+    """Consecutive-failure circuit breaker: closed -> open (fail fast, no network) ->
+    half-open (one probe) -> closed."""
+
+    __slots__ = ("clock", "cooldown", "failures", "lock", "open", "open_until", "probing",
+                 "threshold", "trips")
+
+    def __init__(self, threshold: int, cooldown: float, clock: Clock) -> None:
+        self.threshold = threshold
+        self.cooldown = cooldown
+        self.clock = clock
+        self.failures = 0
+        self.open = False
+        self.open_until = 0.0
+        self.probing = False
+        self.trips = 0
+        self.lock = threading.Lock()
+
+    def before(self) -> None:
+        """Raise StorageError when the call must not touch the network."""
+        if not self.open:
+            return
+        if self.clock.monotonic() < self.open_until:
+            raise StorageError("redis circuit breaker is open")
+        with self.lock:
+            if self.probing:
+                raise StorageError("redis circuit breaker is half-open (probe in flight)")
+            self.probing = True
+
+    def success(self) -> None:
+        if self.failures or self.open:
+            with self.lock:
+                self.failures = 0
+                self.open = False
+                self.probing = False
+
+    def failure(self) -> None:
+        with self.lock:
+            self.failures += 1
+            if self.probing or self.failures >= self.threshold:
+                if not self.open:
+                    self.trips += 1
+                self.open = True
+                self.probing = False
+                self.open_until = self.clock.monotonic() + self.cooldown
+
+    @property
+    def state(self) -> str:
+        if not self.open:
+            return "closed"
+        return "open" if self.clock.monotonic() < self.open_until else "half_open"
+
+
+def _tag(key: str) -> str:
+    return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+class _RedisBase(Store):
+    """Shared logic: keys, arguments, decisions, failure handling."""
+
+    def __init__(self, url: str, *, prefix: str = "stormguard",
+                 time_source: TimeSource = "server", clock: Clock | None = None,
+                 timeout: float = 0.05, connect_timeout: float | None = None,
+                 breaker_threshold: int = 5, breaker_cooldown: float = 1.0,
+                 max_connections: int = 64, **client_options: Any) -> None:
+        if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
+            raise ConfigError("prefix", prefix, "must be a non-empty string without braces")
+        if time_source not in ("server", "client"):
+            raise ConfigError("time_source", time_source, "must be 'server' or 'client'")
+        for name, value in (("timeout", timeout), ("breaker_cooldown", breaker_cooldown)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ConfigError(name, value, "must be a positive number of seconds")
+        if connect_timeout is None:
+            connect_timeout = timeout
+        elif isinstance(connect_timeout, bool) or not isinstance(connect_timeout, int | float) \
+                or connect_timeout <= 0:
+            raise ConfigError("connect_timeout", connect_timeout,
+                              "must be a positive number of seconds")
+        if isinstance(breaker_threshold, bool) or not isinstance(breaker_threshold, int) \
+                or not 1 <= breaker_threshold <= 10:
+            raise ConfigError("breaker_threshold", breaker_threshold,
+                              "must be an integer from 1 to 10")
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int) \
+                or max_connections < 1:
+            raise ConfigError("max_connections", max_connections, "must be a positive integer")
+        self.url = url
+        self.prefix = prefix
+        self.time_source: TimeSource = time_source
+        self.clock = clock if clock is not None else system_clock
+        self.timeout = float(timeout)
+        self.connect_timeout = float(connect_timeout)
+        self.max_connections = max_connections
+        self.client_options = client_options
+        self.breaker = _Breaker(breaker_threshold, float(breaker_cooldown), self.clock)
+        self.round_trips = 0
+        """Network round trips made (a pipelined batch counts once)."""
+        self._rule_args: dict[str, tuple[str, int, int, int]] = {}
+        self._loops: dict[int, tuple[asyncio.AbstractEventLoop, _Batcher]] = {}
+        self._loops_lock = threading.Lock()
+
+    # -- building the command ------------------------------------------------------
+    def key(self, key: str, rule: Rule) -> str:
+        """The Redis key holding ``key``'s counters under ``rule``."""
+        return f"{self.prefix}:{{{_tag(key)}}}:{rule._id}"
+
+    def _args(self, rule: Rule) -> tuple[str, int, int, int]:
+        a = self._rule_args.get(rule._id)
+        if a is None:
+            a = self._rule_args[rule._id] = _rule_args(rule)
+        return a
+
+    def _now_arg(self) -> str | int:
+        if self.time_source == "server":
+            return ""
+        return int(self.clock.wall() * 1_000_000 + 0.5)
+
+    def _command(self, key: str, rules: Sequence[Rule], cost: int,
+                 consume: bool) -> tuple[Any, ...]:
+        if type(key) is not str:
+            raise key_error(key)
+        tag = _tag(key)
+        prefix = self.prefix
+        keys = [f"{prefix}:{{{tag}}}:{r._id}" for r in rules]
+        args: list[Any] = [self._now_arg(), cost, 1 if consume else 0]
+        for r in rules:
+            args.extend(self._args(r))
+        return ("EVALSHA", _SHA, len(keys), *keys, *args)
+
+    @staticmethod
+    def _decision(reply: Any, rules: Sequence[Rule]) -> Decision:
+        if len(rules) == 1:
+            r = rules[0]
+            return Decision(reply[1] == 1, r._algo.B, reply[2], reply[3] / 1e6,
+                            reply[4] / 1e6, r)
+        decisions = []
+        for i, r in enumerate(rules):
+            j = 1 + 4 * i
+            decisions.append(Decision(reply[j] == 1, r._algo.B, reply[j + 1],
+                                      reply[j + 2] / 1e6, reply[j + 3] / 1e6, r))
+        return binding(decisions)
+
+    def _prepare(self, key: str, rule: Rule, cost: int, consume: bool) -> tuple[Any, ...]:
+        if cost != 1:
+            check_cost(rule, cost)
+        return self._command(key, (rule,), cost, consume)
+
+    # -- the blocking calls ----------------------------------------------------------
+    def _call(self, command: tuple[Any, ...]) -> Any:
+        raise NotImplementedError
+
+    def _run(self, command: tuple[Any, ...]) -> Any:
+        """One round trip with the breaker around it; every failure is a StorageError."""
+        breaker = self.breaker
+        breaker.before()
+        try:
+            reply = self._call(command)
+        except StorageError:
+            breaker.failure()
+            raise
+        except _BACKEND_ERRORS as exc:
+            breaker.failure()
+            raise StorageError(f"redis: {type(exc).__name__}: {exc}") from exc
+        breaker.success()
+        return reply
+
+    def hit(self, key: str, rule: Rule, cost: int = 1) -> Decision:
+        return self._decision(self._run(self._prepare(key, rule, cost, True)), (rule,))
+
+    def peek(self, key: str, rule: Rule, cost: int = 1) -> Decision:
+        return self._decision(self._run(self._prepare(key, rule, cost, False)), (rule,))
+
+    def hit_all(self, key: str, rules: Sequence[Rule], cost: int = 1) -> Decision:
+        rules = check_rules(rules, cost)
+        return self._decision(self._run(self._command(key, rules, cost, True)), rules)
+
+    def _reset_command(self, key: str, rule: Rule | Sequence[Rule]) -> tuple[Any, ...]:
+        if type(key) is not str:
+            raise key_error(key)
+        rules = (rule,) if isinstance(rule, Rule) else tuple(rule)
+        return ("DEL", *(self.key(key, r) for r in rules))
+
+    def reset(self, key: str, rule: Rule | Sequence[Rule]) -> None:
+        command = self._reset_command(key, rule)
+        if len(command) > 1:
+            self._run(command)
+
+    def ping(self) -> bool:
+        try:
+            self._run(("PING",))
+        except StorageError:
+            return False
+        return True
+
+    # -- asyncio: coalesced pipelines ------------------------------------------------
+    def _batcher(self) -> _Batcher:
+        loop = asyncio.get_running_loop()
+        entry = self._loops.get(id(loop))
+        if entry is not None and entry[0] is loop:
+            return entry[1]
+        with self._loops_lock:
+            for lid, (old, _) in list(self._loops.items()):
+                if old.is_closed():
+                    del self._loops[lid]
+            batcher = _Batcher(self, loop)
+            self._loops[id(loop)] = (loop, batcher)
+            return batcher
+
+    async def _pipeline(self, commands: list[tuple[Any, ...]],
+                        state: dict[str, Any]) -> list[Any]:
+        """Send ``commands`` in one round trip; a reply is a value or a ResponseError."""
+        raise NotImplementedError
+
+    async def _aclose_state(self, state: dict[str, Any]) -> None:
+        """Close what :meth:`_pipeline` opened for one event loop."""
+
+    async def _arun(self, command: tuple[Any, ...]) -> Any:
+        self.breaker.before()
+        return await self._batcher().submit(command)
+
+    async def ahit(self, key: str, rule: Rule, cost: int = 1) -> Decision:
+        return self._decision(await self._arun(self._prepare(key, rule, cost, True)), (rule,))
+
+    async def apeek(self, key: str, rule: Rule, cost: int = 1) -> Decision:
+        return self._decision(await self._arun(self._prepare(key, rule, cost, False)), (rule,))
+
+    async def ahit_all(self, key: str, rules: Sequence[Rule], cost: int = 1) -> Decision:
+        rules = check_rules(rules, cost)
+        return self._decision(await self._arun(self._command(key, rules, cost, True)), rules)
+
+    async def areset(self, key: str, rule: Rule | Sequence[Rule]) -> None:
+        command = self._reset_command(key, rule)
+        if len(command) > 1:
+            await self._arun(command)
+
+    async def aping(self) -> bool:
+        try:
+            await self._arun(("PING",))
+        except StorageError:
+            return False
+        return True
+
+    async def aclose(self) -> None:
+        loop = asyncio.get_running_loop()
+        entry = self._loops.pop(id(loop), None)
+        if entry is not None:
+            await entry[1].aclose()
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.url!r}, prefix={self.prefix!r}, "
+                f"time_source={self.time_source!r}, timeout={self.timeout})")
+
+
+class _Batcher:
+    """Per event loop: calls queued while a round trip is in flight leave together as
+    one pipeline. One pipeline at a time per loop, so hundreds of concurrent callers
+    use one connection and never exhaust a pool."""
+
+    def __init__(self, store: _RedisBase, loop: asyncio.AbstractEventLoop) -> None:
+        self.store = store
+        self.loop = loop
+        self.pending: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
+        self.task: asyncio.Task[None] | None = None
+        self.state: dict[str, Any] = {}
+
+    def submit(self, command: tuple[Any, ...]) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = self.loop.create_future()
+        self.pending.append((command, fut))
+        if self.task is None:
+            self.task = self.loop.create_task(self._drain())
+        return fut
+
+    async def _drain(self) -> None:
+        try:
+            while self.pending:
+                batch = self.pending
+                self.pending = []
+                await self._flush(batch)
+        finally:
+            self.task = None
+
+    async def _flush(self, batch: list[tuple[tuple[Any, ...], asyncio.Future[Any]]]) -> None:
+        store = self.store
+        breaker = store.breaker
+        try:
+            replies = await store._pipeline([c for c, _ in batch], self.state)
+        except StorageError as exc:
+            breaker.failure()
+            err: StorageError = exc
+        except _BACKEND_ERRORS as exc:
+            breaker.failure()
+            err = StorageError(f"redis: {type(exc).__name__}: {exc}")
+            err.__cause__ = exc
+        except BaseException as exc:  # cancelled while in flight: callers must not hang
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(StorageError(f"redis: batch aborted ({exc!r})"))
+            raise
+        else:
+            breaker.success()
+            for (_, fut), reply in zip(batch, replies, strict=True):
+                if fut.done():
+                    continue
+                if isinstance(reply, BaseException):
+                    e = StorageError(f"redis: {type(reply).__name__}: {reply}")
+                    e.__cause__ = reply
+                    fut.set_exception(e)
+                else:
+                    fut.set_result(reply)
+            return
+        for _, fut in batch:
+            if not fut.done():
+                fut.set_exception(err)
+
+    async def aclose(self) -> None:
+        if self.task is not None:
+            await asyncio.gather(self.task, return_exceptions=True)
+        await self.store._aclose_state(self.state)
+
+
+def _is_noscript(reply: object) -> bool:
+    return isinstance(reply, NoScriptError) or (
+        isinstance(reply, ResponseError) and str(reply).startswith("NOSCRIPT"))
+
+
+def _as_eval(command: tuple[Any, ...]) -> tuple[Any, ...]:
+    return ("EVAL", SCRIPT, *command[2:])
+
+
+class RedisStore(_RedisBase):
+    """Counters on one Redis server (``redis://``, ``rediss://``, ``unix://``).
+
+    >>> store = RedisStore.from_url("redis://127.0.0.1:6379/0")  # doctest: +SKIP
+    """
+
+    def __init__(self, url: str = "redis://127.0.0.1:6379/0", **options: Any) -> None:
+        super().__init__(url, **options)
+        self._pool = redis.ConnectionPool.from_url(
+            url, socket_timeout=self.timeout, socket_connect_timeout=self.connect_timeout,
+            max_connections=self.max_connections, **self.client_options)
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RedisStore:
+        """``redis://[:password@]host:port/db``, ``rediss://...``, ``unix:///path?db=0``;
+        options as for the constructor (``prefix``, ``time_source``, ``clock``,
+        ``timeout``, ``connect_timeout``, ``breaker_threshold``, ``breaker_cooldown``,
+        ``max_connections``, plus redis-py connection options)."""
+        return cls(url, **options)
+
+    def _call(self, command: tuple[Any, ...]) -> Any:
+        timeout: Any = None
+        left = deadline.remaining()
+        if left is not None:
+            if left <= 0:
+                raise StorageError("redis: the deadline in force has passed")
+            if left < self.timeout:
+                timeout = left
+        pool = self._pool
+        conn: Any = pool.get_connection()
+        try:
+            self.round_trips += 1
+            conn.send_command(*command)
+            try:
+                if timeout is None:
+                    return conn.read_response()
+                return conn.read_response(timeout=timeout)
+            except ResponseError as exc:
+                if not _is_noscript(exc):
+                    raise
+            self.round_trips += 1
+            conn.send_command(*_as_eval(command))
+            return conn.read_response() if timeout is None else conn.read_response(
+                timeout=timeout)
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
+
+    def close(self) -> None:
+        self._pool.disconnect()
+
+    async def _pipeline(self, commands: list[tuple[Any, ...]],
+                        state: dict[str, Any]) -> list[Any]:
+        pool = state.get("pool")
+        if pool is None:
+            pool = state["pool"] = redis.asyncio.ConnectionPool.from_url(
+                self.url, socket_timeout=self.timeout,
+                socket_connect_timeout=self.connect_timeout,
+                max_connections=self.max_connections, **self.client_options)
+        conn = await pool.get_connection()
+        try:
+            replies = await self._send_all(conn, commands)
+            retry = [i for i, r in enumerate(replies) if _is_noscript(r)]
+            if retry:
+                again = await self._send_all(conn, [_as_eval(commands[i]) for i in retry])
+                for i, r in zip(retry, again, strict=True):
+                    replies[i] = r
+            return replies
+        except BaseException:
+            await conn.disconnect()
+            raise
+        finally:
+            await pool.release(conn)
+
+    async def _send_all(self, conn: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
+        self.round_trips += 1
+        await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(await conn.read_response(timeout=self.timeout))
+            except ResponseError as exc:
+                replies.append(exc)
+        return replies
+
+    async def _aclose_state(self, state: dict[str, Any]) -> None:
+        pool = state.pop("pool", None)
+        if pool is not None:
+            await pool.disconnect()
+
+
+def _cluster_nodes(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)
+    options: dict[str, Any] = {}
+    hosts = netloc[-1]
+    if len(netloc) == 2:
+        user, _, password = netloc[0].partition(":")
+        if user:
+            options["username"] = user
+        if password:
+            options["password"] = password
+    if parts.scheme.startswith("rediss"):
+        options["ssl"] = True
+    nodes = []
+    for item in hosts.split(","):
+        host, _, port = item.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError("url", url, f"cluster node {item!r} must be host:port")
+        nodes.append((host.strip("[]"), int(port)))
+    if not nodes:
+        raise ConfigError("url", url, "must name at least one cluster node")
+    return nodes, options
+
+
+class RedisClusterStore(_RedisBase):
+    """Counters on a Redis Cluster (``redis+cluster://h1:p1,h2:p2``). All rules of one
+    user key live in one slot, so ``hit_all`` is still one script on one node."""
+
+    def __init__(self, url: str, **options: Any) -> None:
+        super().__init__(url, **options)
+        self._nodes, self._auth = _cluster_nodes(url)
+        self._client: Any = None
+        self._client_lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RedisClusterStore:
+        """``redis+cluster://[user:password@]h1:p1,h2:p2`` (``rediss+cluster://`` for TLS);
+        options as for :class:`RedisStore`."""
+        return cls(url, **options)
+
+    def _options(self) -> dict[str, Any]:
+        return {"socket_timeout": self.timeout, "socket_connect_timeout": self.connect_timeout,
+                "max_connections": self.max_connections,
+                "cluster_error_retry_attempts": 0, **self._auth, **self.client_options}
+
+    def _sync_client(self) -> Any:
+        client = self._client
+        if client is None:
+            with self._client_lock:
+                client = self._client
+                if client is None:
+                    node: Any = redis.cluster.ClusterNode
+                    nodes = [node(h, p) for h, p in self._nodes]
+                    client = self._client = redis.cluster.RedisCluster(
+                        startup_nodes=nodes, **self._options())
+        return client
+
+    def _call(self, command: tuple[Any, ...]) -> Any:
+        left = deadline.remaining()
+        if left is not None and left <= 0:
+            raise StorageError("redis: the deadline in force has passed")
+        client = self._sync_client()
+        self.round_trips += 1
+        try:
+            return client.execute_command(*command)
+        except ResponseError as exc:
+            if not _is_noscript(exc):
+                raise
+        self.round_trips += 1
+        return client.execute_command(*_as_eval(command))
+
+    def reset(self, key: str, rule: Rule | Sequence[Rule]) -> None:
+        command = self._reset_command(key, rule)
+        if len(command) > 1:
+            # one slot: a multi-key DEL is one command (redis-py would split it per key)
+            self._run(("EVAL", "return redis.call('DEL', unpack(KEYS))", len(command) - 1,
+                       *command[1:]))
+
+    async def areset(self, key: str, rule: Rule | Sequence[Rule]) -> None:
+        command = self._reset_command(key, rule)
+        if len(command) > 1:
+            await self._arun(("EVAL", "return redis.call('DEL', unpack(KEYS))",
+                              len(command) - 1, *command[1:]))
+
+    def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    async def _pipeline(self, commands: list[tuple[Any, ...]],
+                        state: dict[str, Any]) -> list[Any]:
+        client = state.get("client")
+        if client is None:
+            nodes = [redis.asyncio.cluster.ClusterNode(h, p) for h, p in self._nodes]
+            client = redis.asyncio.cluster.RedisCluster(startup_nodes=nodes, **self._options())
+            await client.initialize()
+            state["client"] = client
+        replies = await self._send_all(client, commands)
+        retry = [i for i, r in enumerate(replies) if _is_noscript(r)]
+        if retry:
+            again = await self._send_all(client, [_as_eval(commands[i]) for i in retry])
+            for i, r in zip(retry, again, strict=True):
+                replies[i] = r
+        return replies
+
+    async def _send_all(self, client: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
+        self.round_trips += 1
+        pipe = client.pipeline(transaction=False)
+        for c in commands:
+            pipe.execute_command(*c)
+        async with asyncio.timeout(self.timeout * 2 + 0.001 * len(commands)):
+            replies: list[Any] = await pipe.execute(raise_on_error=False)
+        for r in replies:
+            if isinstance(r, BaseException) and not isinstance(r, ResponseError):
+                raise r
+        return replies
+
+    async def _aclose_state(self, state: dict[str, Any]) -> None:
+        client = state.pop("client", None)
+        if client is not None:
+            await client.aclose()

@@ -31,7 +31,10 @@ from urllib.parse import urlsplit
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
+import redis.asyncio.retry
 import redis.cluster
+import redis.retry
+from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 
 from stormguard import deadline
@@ -161,7 +164,8 @@ class _RedisBase(Store):
                  time_source: TimeSource = "server", clock: Clock | None = None,
                  timeout: float = 0.05, connect_timeout: float | None = None,
                  breaker_threshold: int = 5, breaker_cooldown: float = 1.0,
-                 max_connections: int = 64, **client_options: Any) -> None:
+                 max_connections: int = 64, ttl_slack: float | None = None,
+                 **client_options: Any) -> None:
         if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
             raise ConfigError("prefix", prefix, "must be a non-empty string without braces")
         if time_source not in ("server", "client"):
@@ -182,6 +186,13 @@ class _RedisBase(Store):
         if isinstance(max_connections, bool) or not isinstance(max_connections, int) \
                 or max_connections < 1:
             raise ConfigError("max_connections", max_connections, "must be a positive integer")
+        if ttl_slack is None:
+            ttl_slack = 1.0 if time_source == "client" else 0.0
+        if isinstance(ttl_slack, bool) or not isinstance(ttl_slack, int | float) \
+                or ttl_slack < 0:
+            raise ConfigError("ttl_slack", ttl_slack, "must be a number of seconds >= 0")
+        self.ttl_slack = float(ttl_slack)
+        self._slack_ms = round(ttl_slack * 1000)
         self.url = url
         self.prefix = prefix
         self.time_source: TimeSource = time_source
@@ -220,7 +231,7 @@ class _RedisBase(Store):
         tag = _tag(key)
         prefix = self.prefix
         keys = [f"{prefix}:{{{tag}}}:{r._id}" for r in rules]
-        args: list[Any] = [self._now_arg(), cost, 1 if consume else 0]
+        args: list[Any] = [self._now_arg(), cost, 1 if consume else 0, self._slack_ms]
         for r in rules:
             args.extend(self._args(r))
         return ("EVALSHA", _SHA, len(keys), *keys, *args)
@@ -559,10 +570,11 @@ class RedisClusterStore(_RedisBase):
         options as for :class:`RedisStore`."""
         return cls(url, **options)
 
-    def _options(self) -> dict[str, Any]:
+    def _options(self, retry: Any) -> dict[str, Any]:
+        # no retries: a failed check is answered by on_error now, not after several timeouts
         return {"socket_timeout": self.timeout, "socket_connect_timeout": self.connect_timeout,
-                "max_connections": self.max_connections,
-                "cluster_error_retry_attempts": 0, **self._auth, **self.client_options}
+                "max_connections": self.max_connections, "retry": retry(NoBackoff(), 0),
+                **self._auth, **self.client_options}
 
     def _sync_client(self) -> Any:
         client = self._client
@@ -573,7 +585,7 @@ class RedisClusterStore(_RedisBase):
                     node: Any = redis.cluster.ClusterNode
                     nodes = [node(h, p) for h, p in self._nodes]
                     client = self._client = redis.cluster.RedisCluster(
-                        startup_nodes=nodes, **self._options())
+                        startup_nodes=nodes, **self._options(redis.retry.Retry))
         return client
 
     def _call(self, command: tuple[Any, ...]) -> Any:
@@ -613,7 +625,8 @@ class RedisClusterStore(_RedisBase):
         client = state.get("client")
         if client is None:
             nodes = [redis.asyncio.cluster.ClusterNode(h, p) for h, p in self._nodes]
-            client = redis.asyncio.cluster.RedisCluster(startup_nodes=nodes, **self._options())
+            client = redis.asyncio.cluster.RedisCluster(
+                startup_nodes=nodes, **self._options(redis.asyncio.retry.Retry))
             await client.initialize()
             state["client"] = client
         replies = await self._send_all(client, commands)

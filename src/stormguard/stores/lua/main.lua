@@ -1,5 +1,5 @@
 -- Entry point. KEYS: one key per rule (all in one slot).
--- ARGV: now_us ('' = server TIME), cost, consume ('1' or '0'),
+-- ARGV: now_us ('' = server TIME), cost, consume ('1' or '0'), TTL slack in ms,
 --       then per rule: algorithm code, N (limit), W (window us), B (capacity).
 -- Several rules are all-or-nothing: every verdict is computed before anything is
 -- written, and the writes happen only when every rule admits.
@@ -17,7 +17,7 @@ local n = #KEYS
 local algos, params, states, verdicts = {}, {}, {}, {}
 local all_ok = true
 for i = 1, n do
-  local j = 4 * i
+  local j = 1 + 4 * i
   local A = ALGOS[ARGV[j]]
   local N, W, B = tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3])
   local st = A.load(KEYS[i], now, N, W)

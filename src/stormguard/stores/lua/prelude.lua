@@ -37,9 +37,11 @@ local function getnums(key)
 end
 
 -- milliseconds until exp (microseconds), rounded up: the key lives until the state
--- it holds is indistinguishable from a fresh key, and not longer
+-- it holds is indistinguishable from a fresh key, and not longer (plus the slack
+-- given in ARGV[4]: 0 with server time, the tolerated clock skew with client time)
+local TTL_SLACK_MS = tonumber(ARGV[4])
 local function ttl_ms(exp, now)
-  local ms = cdiv(exp - now, 1000)
+  local ms = cdiv(exp - now, 1000) + TTL_SLACK_MS
   if ms < 1 then
     ms = 1
   end

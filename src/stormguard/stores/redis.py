@@ -519,7 +519,7 @@ class RedisStore(_RedisBase):
         replies: list[Any] = []
         for _ in commands:
             try:
-                replies.append(await conn.read_response(timeout=self.timeout))
+                replies.append(await conn.read_response())
             except ResponseError as exc:
                 replies.append(exc)
         return replies

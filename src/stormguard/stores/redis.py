@@ -86,16 +86,11 @@ def _rule_args(rule: Rule) -> tuple[str, int, int, int]:
     a = rule._algo
     n, w, b = a.N, a.W, a.B
     code = _CODES[a.name]
-    if code == "swc":
-        bound = 3 * n * w
-    elif code in ("tb", "gcra", "lb"):
-        bound = 2 * b * w + n
-    else:
-        bound = 0
-    if bound >= _EXACT:
+    # the largest intermediate value of the script is about capacity x window (+ limit)
+    if code not in ("fw", "swl") and b * w + n >= _EXACT:
         raise ConfigError("rule", str(rule),
-                          "too large for the Redis store's exact arithmetic (capacity x "
-                          f"window in microseconds must stay below {_EXACT // 3:.3e}); "
+                          "too large for the Redis store's exact arithmetic: capacity x "
+                          f"window in microseconds must stay below 2**53 ({_EXACT:.3e}); "
                           "use a shorter window or a smaller limit")
     return (code, n, w, b)
 

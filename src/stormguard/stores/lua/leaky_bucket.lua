@@ -18,14 +18,14 @@ ALGOS['lb'] = {
     end
     local add = cost * W
     local allowed, retry = false, 0
-    if level + add <= cap then
+    if add <= cap - level then  -- level + add <= cap
       allowed = true
       if consume then
         level = level + add
         st = {level, now}
       end
     else
-      retry = cdiv(level + add - cap, N)
+      retry = cdiv(add - (cap - level), N)
     end
     local reset = cdiv(level, N)
     return allowed, st, fdiv(cap - level, W), reset, retry, now + reset

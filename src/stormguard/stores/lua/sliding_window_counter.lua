@@ -16,7 +16,7 @@ ALGOS['swc'] = {
     local elapsed = now - start
     local prev_part = prev * (W - elapsed)
     local allowed, retry = false, 0
-    if prev_part + (cur + cost) * W <= N * W then
+    if prev_part <= (N - cur - cost) * W then  -- prev_part + (cur + cost) * W <= N * W
       allowed = true
       if consume then
         cur = cur + cost

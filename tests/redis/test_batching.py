@@ -7,9 +7,18 @@ import asyncio
 
 import pytest
 
-from stormguard import AsyncRateLimiter, MemoryStore, RedisClusterStore, RedisStore, Rule
+from stormguard import (
+    AsyncRateLimiter,
+    MemoryStore,
+    RedisClusterStore,
+    RedisStore,
+    Rule,
+    StorageError,
+    deadline,
+)
 from stormguard.algorithms import ALGORITHMS
 from stormguard.testing import FakeClock
+from tests.redis_servers import RedisServer
 
 RULES = [Rule(7, 60, algorithm=a) for a in sorted(ALGORITHMS)]
 
@@ -63,3 +72,28 @@ def test_sync_is_one_round_trip_per_check(redis_url: str) -> None:
     store.hit_all("k", RULES)
     assert store.round_trips == start + 3
     store.close()
+
+
+async def test_script_cache_flush_is_survived(redis_server: RedisServer,
+                                              redis_url: str) -> None:
+    store = RedisStore.from_url(redis_url)
+    rule = RULES[0]  # fixed_window, 7 per minute
+    assert (await store.ahit("k", rule)).remaining == 6
+    redis_server.client().script_flush()
+    ds = await asyncio.gather(*[store.ahit("k", rule) for _ in range(10)])
+    assert [d.remaining for d in ds] == [5, 4, 3, 2, 1, 0, 0, 0, 0, 0]
+    assert [d.allowed for d in ds] == [True] * 6 + [False] * 4
+    redis_server.client().script_flush()
+    store.reset("k", rule)
+    assert store.hit("k", rule).remaining == 6
+    await store.aclose()
+
+
+async def test_async_deadline(redis_url: str) -> None:
+    store = RedisStore.from_url(redis_url)
+    assert (await store.ahit("k", RULES[0])).allowed
+    with deadline.scope(0.0), pytest.raises(StorageError, match="deadline"):
+        await store.ahit("k", RULES[0])
+    with deadline.scope(0.01):
+        assert (await store.ahit("k", RULES[0])).allowed
+    await store.aclose()

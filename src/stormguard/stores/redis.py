@@ -21,19 +21,24 @@ concatenated at load time); every ``hit``, ``peek`` and ``hit_all`` is exactly o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import ssl
 import threading
+from collections import deque
 from collections.abc import Sequence
 from importlib import resources
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit
 
+import hiredis
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.asyncio.retry
 import redis.cluster
 import redis.retry
+from redis.asyncio.connection import parse_url
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 
@@ -200,7 +205,7 @@ class _RedisBase(Store):
         self.round_trips = 0
         """Network round trips made (a pipelined batch counts once)."""
         self._rule_args: dict[str, tuple[str, int, int, int]] = {}
-        self._loops: dict[int, tuple[asyncio.AbstractEventLoop, _Batcher]] = {}
+        self._loops: dict[int, tuple[asyncio.AbstractEventLoop, _Runner]] = {}
         self._loops_lock = threading.Lock()
 
     # -- building the command ------------------------------------------------------
@@ -297,7 +302,7 @@ class _RedisBase(Store):
         return True
 
     # -- asyncio: coalesced pipelines ------------------------------------------------
-    def _batcher(self) -> _Batcher:
+    def _runner(self) -> _Runner:
         loop = asyncio.get_running_loop()
         entry = self._loops.get(id(loop))
         if entry is not None and entry[0] is loop:
@@ -306,21 +311,27 @@ class _RedisBase(Store):
             for lid, (old, _) in list(self._loops.items()):
                 if old.is_closed():
                     del self._loops[lid]
-            batcher = _Batcher(self, loop)
-            self._loops[id(loop)] = (loop, batcher)
-            return batcher
+            runner = self._new_runner(loop)
+            self._loops[id(loop)] = (loop, runner)
+            return runner
 
-    async def _pipeline(self, commands: list[tuple[Any, ...]],
-                        state: dict[str, Any]) -> list[Any]:
-        """Send ``commands`` in one round trip; a reply is a value or a ResponseError."""
+    def _new_runner(self, loop: asyncio.AbstractEventLoop) -> _Runner:
         raise NotImplementedError
-
-    async def _aclose_state(self, state: dict[str, Any]) -> None:
-        """Close what :meth:`_pipeline` opened for one event loop."""
 
     async def _arun(self, command: tuple[Any, ...]) -> Any:
         self.breaker.before()
-        return await self._batcher().submit(command)
+        fut = self._runner().submit(command)
+        left = deadline.remaining()
+        if left is None or left >= self.timeout:
+            return await fut
+        if left <= 0:
+            fut.cancel()
+            raise StorageError("redis: the deadline in force has passed")
+        try:
+            async with asyncio.timeout(left):
+                return await fut
+        except TimeoutError:
+            raise StorageError("redis: no reply before the deadline in force") from None
 
     async def ahit(self, key: str, rule: Rule, cost: int = 1) -> Decision:
         return self._decision(await self._arun(self._prepare(key, rule, cost, True)), (rule,))
@@ -356,12 +367,20 @@ class _RedisBase(Store):
                 f"time_source={self.time_source!r}, timeout={self.timeout})")
 
 
+class _Runner(Protocol):
+    """Carries one event loop's commands to Redis."""
+
+    def submit(self, command: tuple[Any, ...]) -> asyncio.Future[Any]: ...
+
+    async def aclose(self) -> None: ...
+
+
 class _Batcher:
     """Per event loop: calls queued while a round trip is in flight leave together as
     one pipeline. One pipeline at a time per loop, so hundreds of concurrent callers
     use one connection and never exhaust a pool."""
 
-    def __init__(self, store: _RedisBase, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, store: RedisClusterStore, loop: asyncio.AbstractEventLoop) -> None:
         self.store = store
         self.loop = loop
         self.pending: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
@@ -432,6 +451,176 @@ def _as_eval(command: tuple[Any, ...]) -> tuple[Any, ...]:
     return ("EVAL", SCRIPT, *command[2:])
 
 
+
+class _Mux:
+    """One event loop's pipelined connection to one Redis server (hiredis on asyncio
+    streams). Commands submitted during one loop iteration are written together (one
+    round trip); writes never wait for earlier replies, and a reader task resolves
+    the callers' futures in order. One connection per loop serves any number of
+    concurrent callers."""
+
+    def __init__(self, store: RedisStore, loop: asyncio.AbstractEventLoop) -> None:
+        self.store = store
+        self.loop = loop
+        self.queue: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
+        self.inflight: deque[tuple[tuple[Any, ...], asyncio.Future[Any]]] = deque()
+        self.scheduled = False
+        self.writer: asyncio.StreamWriter | None = None
+        self.reader: asyncio.StreamReader | None = None
+        self.parser: Any = None
+        self.connecting: asyncio.Task[None] | None = None
+        self.reading: asyncio.Task[None] | None = None
+
+    def submit(self, command: tuple[Any, ...]) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = self.loop.create_future()
+        self.queue.append((command, fut))
+        if not self.scheduled:
+            self.scheduled = True
+            self.loop.call_soon(self._flush)
+        return fut
+
+    def _flush(self) -> None:
+        self.scheduled = False
+        if not self.queue:
+            return
+        if self.writer is None:
+            if self.connecting is None:
+                self.connecting = self.loop.create_task(self._connect())
+            return
+        batch = self.queue
+        self.queue = []
+        pack = hiredis.pack_command
+        self.writer.write(b"".join([pack(c) for c, _ in batch]))
+        self.store.round_trips += 1
+        self.inflight.extend(batch)
+        if self.reading is None:
+            self.reading = self.loop.create_task(self._read())
+
+    async def _connect(self) -> None:
+        store = self.store
+        params = store._params
+        writer: asyncio.StreamWriter | None = None
+        try:
+            async with asyncio.timeout(store.connect_timeout):
+                if "path" in params:
+                    reader, writer = await asyncio.open_unix_connection(params["path"])
+                else:
+                    reader, writer = await asyncio.open_connection(
+                        params["host"], params.get("port", 6379), ssl=store._ssl_context())
+            parser = hiredis.Reader(replyError=ResponseError)
+            hello: list[tuple[Any, ...]] = []
+            if params.get("password"):
+                auth = (params["username"], params["password"]) if params.get("username") \
+                    else (params["password"],)
+                hello.append(("AUTH", *auth))
+            if params.get("db"):
+                hello.append(("SELECT", params["db"]))
+            hello.append(("SCRIPT", "LOAD", SCRIPT))
+            writer.write(b"".join([hiredis.pack_command(c) for c in hello]))
+            store.round_trips += 1
+            replies: list[Any] = []
+            async with asyncio.timeout(store.timeout):
+                while len(replies) < len(hello):
+                    reply = parser.gets()
+                    if reply is False:
+                        data = await reader.read(65536)
+                        if not data:
+                            raise ConnectionError("redis closed the connection")
+                        parser.feed(data)
+                    else:
+                        replies.append(reply)
+            for r in replies:
+                if isinstance(r, ResponseError):
+                    raise r
+        except (*_BACKEND_ERRORS, ssl.SSLError) as exc:
+            self.connecting = None
+            if writer is not None:
+                writer.close()
+            store.breaker.failure()
+            self._fail_all(exc, queued=True)
+            return
+        except BaseException as exc:
+            self.connecting = None
+            if writer is not None:
+                writer.close()
+            self._fail_all(exc, queued=True)
+            raise
+        self.reader, self.writer, self.parser = reader, writer, parser
+        self.connecting = None
+        self._flush()
+
+    async def _read(self) -> None:
+        store = self.store
+        breaker = store.breaker
+        reader, parser, inflight = self.reader, self.parser, self.inflight
+        assert reader is not None
+        try:
+            while inflight:
+                async with asyncio.timeout(store.timeout):
+                    data = await reader.read(1 << 16)
+                if not data:
+                    raise ConnectionError("redis closed the connection")
+                parser.feed(data)
+                reply = parser.gets()
+                while reply is not False:
+                    command, fut = inflight.popleft()
+                    if isinstance(reply, ResponseError):
+                        if _is_noscript(reply) and command[0] == "EVALSHA":
+                            # the script cache was flushed: send the script itself
+                            self.queue.append((_as_eval(command), fut))
+                            if not self.scheduled:
+                                self.scheduled = True
+                                self.loop.call_soon(self._flush)
+                        elif not fut.done():
+                            e = StorageError(f"redis: {reply}")
+                            e.__cause__ = reply
+                            fut.set_exception(e)
+                    elif not fut.done():
+                        fut.set_result(reply)
+                    reply = parser.gets()
+                breaker.success()
+        except (*_BACKEND_ERRORS, hiredis.ProtocolError) as exc:
+            breaker.failure()
+            self._drop()
+            self._fail_all(exc, queued=False)
+        except BaseException as exc:
+            self._drop()
+            self._fail_all(exc, queued=False)
+            raise
+        finally:
+            self.reading = None
+
+    def _drop(self) -> None:
+        writer, self.writer, self.reader = self.writer, None, None
+        if writer is not None:
+            writer.close()
+
+    def _fail_all(self, exc: BaseException, *, queued: bool) -> None:
+        err = StorageError(f"redis: {type(exc).__name__}: {exc}")
+        err.__cause__ = exc
+        items = list(self.inflight)
+        self.inflight.clear()
+        if queued:
+            items += self.queue
+            self.queue = []
+        for _, fut in items:
+            if not fut.done():
+                fut.set_exception(err)
+
+    async def aclose(self) -> None:
+        for task in (self.connecting, self.reading):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        writer = self.writer
+        self._drop()
+        self._fail_all(ConnectionError("store closed"), queued=True)
+        if writer is not None:
+            with contextlib.suppress(*_BACKEND_ERRORS, ssl.SSLError):
+                await writer.wait_closed()
+
+
 class RedisStore(_RedisBase):
     """Counters on one Redis server (``redis://``, ``rediss://``, ``unix://``).
 
@@ -443,6 +632,7 @@ class RedisStore(_RedisBase):
         self._pool = redis.ConnectionPool.from_url(
             url, socket_timeout=self.timeout, socket_connect_timeout=self.connect_timeout,
             max_connections=self.max_connections, **self.client_options)
+        self._params: dict[str, Any] = {**parse_url(url), **self.client_options}
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisStore:
@@ -485,44 +675,17 @@ class RedisStore(_RedisBase):
     def close(self) -> None:
         self._pool.disconnect()
 
-    async def _pipeline(self, commands: list[tuple[Any, ...]],
-                        state: dict[str, Any]) -> list[Any]:
-        pool = state.get("pool")
-        if pool is None:
-            pool = state["pool"] = redis.asyncio.ConnectionPool.from_url(
-                self.url, socket_timeout=self.timeout,
-                socket_connect_timeout=self.connect_timeout,
-                max_connections=self.max_connections, **self.client_options)
-        conn = await pool.get_connection()
-        try:
-            replies = await self._send_all(conn, commands)
-            retry = [i for i, r in enumerate(replies) if _is_noscript(r)]
-            if retry:
-                again = await self._send_all(conn, [_as_eval(commands[i]) for i in retry])
-                for i, r in zip(retry, again, strict=True):
-                    replies[i] = r
-            return replies
-        except BaseException:
-            await conn.disconnect()
-            raise
-        finally:
-            await pool.release(conn)
+    def _new_runner(self, loop: asyncio.AbstractEventLoop) -> _Runner:
+        return _Mux(self, loop)
 
-    async def _send_all(self, conn: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
-        self.round_trips += 1
-        await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
-        replies: list[Any] = []
-        for _ in commands:
-            try:
-                replies.append(await conn.read_response())
-            except ResponseError as exc:
-                replies.append(exc)
-        return replies
-
-    async def _aclose_state(self, state: dict[str, Any]) -> None:
-        pool = state.pop("pool", None)
-        if pool is not None:
-            await pool.disconnect()
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        if not self.url.startswith("rediss"):
+            return None
+        ctx = ssl.create_default_context()
+        if str(self._params.get("ssl_cert_reqs", "required")).lower() == "none":
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        return ctx
 
 
 def _cluster_nodes(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
@@ -614,6 +777,9 @@ class RedisClusterStore(_RedisBase):
         client, self._client = self._client, None
         if client is not None:
             client.close()
+
+    def _new_runner(self, loop: asyncio.AbstractEventLoop) -> _Runner:
+        return _Batcher(self, loop)
 
     async def _pipeline(self, commands: list[tuple[Any, ...]],
                         state: dict[str, Any]) -> list[Any]:

@@ -255,10 +255,10 @@ class _RedisBase(Store):
         return self._command(key, (rule,), cost, consume)
 
     # -- the blocking calls ----------------------------------------------------------
-    def _call(self, command: tuple[Any, ...]) -> Any:
+    def _call(self, command: Any) -> Any:
         raise NotImplementedError
 
-    def _run(self, command: tuple[Any, ...]) -> Any:
+    def _run(self, command: Any) -> Any:
         """One round trip with the breaker around it; every failure is a StorageError."""
         breaker = self.breaker
         breaker.before()
@@ -283,20 +283,24 @@ class _RedisBase(Store):
         rules = check_rules(rules, cost)
         return self._decision(self._run(self._command(key, rules, cost, True)), rules)
 
-    def _reset_command(self, key: str, rule: Rule | Sequence[Rule]) -> tuple[Any, ...]:
+    def _pack(self, command: Any) -> Any:
+        """The form :meth:`_call` takes: the argument tuple here, RESP bytes on one node."""
+        return command
+
+    def _reset_keys(self, key: str, rule: Rule | Sequence[Rule]) -> list[str]:
         if type(key) is not str:
             raise key_error(key)
         rules = (rule,) if isinstance(rule, Rule) else tuple(rule)
-        return ("DEL", *(self.key(key, r) for r in rules))
+        return [self.key(key, r) for r in rules]
 
     def reset(self, key: str, rule: Rule | Sequence[Rule]) -> None:
-        command = self._reset_command(key, rule)
-        if len(command) > 1:
-            self._run(command)
+        keys = self._reset_keys(key, rule)
+        if keys:
+            self._run(self._pack(("DEL", *keys)))
 
     def ping(self) -> bool:
         try:
-            self._run(("PING",))
+            self._run(self._pack(("PING",)))
         except StorageError:
             return False
         return True
@@ -318,7 +322,7 @@ class _RedisBase(Store):
     def _new_runner(self, loop: asyncio.AbstractEventLoop) -> _Runner:
         raise NotImplementedError
 
-    async def _arun(self, command: tuple[Any, ...]) -> Any:
+    async def _arun(self, command: Any) -> Any:
         self.breaker.before()
         fut = self._runner().submit(command)
         left = deadline.remaining()
@@ -344,13 +348,13 @@ class _RedisBase(Store):
         return self._decision(await self._arun(self._command(key, rules, cost, True)), rules)
 
     async def areset(self, key: str, rule: Rule | Sequence[Rule]) -> None:
-        command = self._reset_command(key, rule)
-        if len(command) > 1:
-            await self._arun(command)
+        keys = self._reset_keys(key, rule)
+        if keys:
+            await self._arun(self._pack(("DEL", *keys)))
 
     async def aping(self) -> bool:
         try:
-            await self._arun(("PING",))
+            await self._arun(self._pack(("PING",)))
         except StorageError:
             return False
         return True
@@ -370,7 +374,7 @@ class _RedisBase(Store):
 class _Runner(Protocol):
     """Carries one event loop's commands to Redis."""
 
-    def submit(self, command: tuple[Any, ...]) -> asyncio.Future[Any]: ...
+    def submit(self, command: Any) -> asyncio.Future[Any]: ...
 
     async def aclose(self) -> None: ...
 
@@ -383,11 +387,11 @@ class _Batcher:
     def __init__(self, store: RedisClusterStore, loop: asyncio.AbstractEventLoop) -> None:
         self.store = store
         self.loop = loop
-        self.pending: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
+        self.pending: list[tuple[Any, asyncio.Future[Any]]] = []
         self.task: asyncio.Task[None] | None = None
         self.state: dict[str, Any] = {}
 
-    def submit(self, command: tuple[Any, ...]) -> asyncio.Future[Any]:
+    def submit(self, command: Any) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = self.loop.create_future()
         self.pending.append((command, fut))
         if self.task is None:
@@ -403,7 +407,7 @@ class _Batcher:
         finally:
             self.task = None
 
-    async def _flush(self, batch: list[tuple[tuple[Any, ...], asyncio.Future[Any]]]) -> None:
+    async def _flush(self, batch: list[tuple[Any, asyncio.Future[Any]]]) -> None:
         store = self.store
         breaker = store.breaker
         try:
@@ -451,6 +455,13 @@ def _as_eval(command: tuple[Any, ...]) -> tuple[Any, ...]:
     return ("EVAL", SCRIPT, *command[2:])
 
 
+_SCRIPT_LOAD: bytes = hiredis.pack_command(("SCRIPT", "LOAD", SCRIPT))  # type: ignore[arg-type]
+
+
+def _bulk(value: bytes) -> bytes:
+    return b"$%d\r\n%s\r\n" % (len(value), value)
+
+
 
 class _Mux:
     """One event loop's pipelined connection to one Redis server (hiredis on asyncio
@@ -462,8 +473,8 @@ class _Mux:
     def __init__(self, store: RedisStore, loop: asyncio.AbstractEventLoop) -> None:
         self.store = store
         self.loop = loop
-        self.queue: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
-        self.inflight: deque[tuple[tuple[Any, ...], asyncio.Future[Any]]] = deque()
+        self.queue: list[tuple[Any, asyncio.Future[Any]]] = []
+        self.inflight: deque[tuple[Any, asyncio.Future[Any]]] = deque()
         self.scheduled = False
         self.writer: asyncio.StreamWriter | None = None
         self.reader: asyncio.StreamReader | None = None
@@ -471,7 +482,7 @@ class _Mux:
         self.connecting: asyncio.Task[None] | None = None
         self.reading: asyncio.Task[None] | None = None
 
-    def submit(self, command: tuple[Any, ...]) -> asyncio.Future[Any]:
+    def submit(self, command: Any) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = self.loop.create_future()
         self.queue.append((command, fut))
         if not self.scheduled:
@@ -489,8 +500,7 @@ class _Mux:
             return
         batch = self.queue
         self.queue = []
-        pack = hiredis.pack_command
-        self.writer.write(b"".join([pack(c) for c, _ in batch]))
+        self.writer.write(b"".join([c for c, _ in batch]))
         self.store.round_trips += 1
         self.inflight.extend(batch)
         if self.reading is None:
@@ -565,9 +575,13 @@ class _Mux:
                 while reply is not False:
                     command, fut = inflight.popleft()
                     if isinstance(reply, ResponseError):
-                        if _is_noscript(reply) and command[0] == "EVALSHA":
-                            # the script cache was flushed: send the script itself
-                            self.queue.append((_as_eval(command), fut))
+                        if _is_noscript(reply):
+                            # the script cache was flushed: load it, then send the command again
+                            if self.queue and self.queue[-1][0] is _SCRIPT_LOAD:
+                                self.queue.append((command, fut))
+                            else:
+                                self.queue += [(_SCRIPT_LOAD, self.loop.create_future()),
+                                               (command, fut)]
                             if not self.scheduled:
                                 self.scheduled = True
                                 self.loop.call_soon(self._flush)
@@ -633,6 +647,8 @@ class RedisStore(_RedisBase):
             url, socket_timeout=self.timeout, socket_connect_timeout=self.connect_timeout,
             max_connections=self.max_connections, **self.client_options)
         self._params: dict[str, Any] = {**parse_url(url), **self.client_options}
+        self._packs: dict[tuple[Any, int, bool], tuple[bytes, list[bytes], bytes]] = {}
+        self._key_head = f"{self.prefix}:{{".encode()
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisStore:
@@ -642,7 +658,7 @@ class RedisStore(_RedisBase):
         ``max_connections``, plus redis-py connection options)."""
         return cls(url, **options)
 
-    def _call(self, command: tuple[Any, ...]) -> Any:
+    def _call(self, command: Any) -> Any:
         timeout: Any = None
         left = deadline.remaining()
         if left is not None:
@@ -654,7 +670,7 @@ class RedisStore(_RedisBase):
         conn: Any = pool.get_connection()
         try:
             self.round_trips += 1
-            conn.send_command(*command)
+            conn.send_packed_command([command], check_health=False)
             try:
                 if timeout is None:
                     return conn.read_response()
@@ -662,10 +678,14 @@ class RedisStore(_RedisBase):
             except ResponseError as exc:
                 if not _is_noscript(exc):
                     raise
+            # the server lacks the script (restarted, or SCRIPT FLUSH): load it, send again
             self.round_trips += 1
-            conn.send_command(*_as_eval(command))
-            return conn.read_response() if timeout is None else conn.read_response(
-                timeout=timeout)
+            conn.send_packed_command([_SCRIPT_LOAD, command], check_health=False)
+            if timeout is None:
+                conn.read_response()
+                return conn.read_response()
+            conn.read_response(timeout=timeout)
+            return conn.read_response(timeout=timeout)
         except BaseException:
             conn.disconnect()
             raise
@@ -677,6 +697,41 @@ class RedisStore(_RedisBase):
 
     def _new_runner(self, loop: asyncio.AbstractEventLoop) -> _Runner:
         return _Mux(self, loop)
+
+    def _pack(self, command: Any) -> Any:
+        return hiredis.pack_command(command)
+
+    def _command(self, key: str, rules: Sequence[Rule], cost: int, consume: bool) -> Any:
+        """The EVALSHA command as RESP bytes; everything but the key tag and the time is
+        packed once per (rules, cost, consume) and reused."""
+        if type(key) is not str:
+            raise key_error(key)
+        ck = (rules[0]._id if len(rules) == 1 else tuple(r._id for r in rules), cost, consume)
+        parts = self._packs.get(ck)
+        if parts is None:
+            if len(self._packs) > 4096:
+                self._packs.clear()
+            parts = self._packs[ck] = self._parts(rules, cost, consume)
+        head, suffixes, tail = parts
+        kb = self._key_head + _tag(key).encode()
+        if self.time_source == "server":
+            now = b"$0\r\n\r\n"
+        else:
+            now = _bulk(b"%d" % int(self.clock.wall() * 1_000_000 + 0.5))
+        keys = b"".join([b"$%d\r\n%s%s\r\n" % (len(kb) + len(m), kb, m) for m in suffixes])
+        return head + keys + now + tail
+
+    def _parts(self, rules: Sequence[Rule], cost: int,
+               consume: bool) -> tuple[bytes, list[bytes], bytes]:
+        n = len(rules)
+        head = b"*%d\r\n%s%s%s" % (3 + n + 4 + 4 * n, _bulk(b"EVALSHA"), _bulk(_SHA.encode()),
+                                    _bulk(b"%d" % n))
+        suffixes = [f"}}:{r._id}".encode() for r in rules]
+        tail = [_bulk(b"%d" % cost), _bulk(b"1" if consume else b"0"),
+                _bulk(b"%d" % self._slack_ms)]
+        for r in rules:
+            tail += [_bulk(str(a).encode()) for a in self._args(r)]
+        return head, suffixes, b"".join(tail)
 
     def _ssl_context(self) -> ssl.SSLContext | None:
         if not self.url.startswith("rediss"):
@@ -746,7 +801,7 @@ class RedisClusterStore(_RedisBase):
                         startup_nodes=nodes, **self._options(redis.retry.Retry))
         return client
 
-    def _call(self, command: tuple[Any, ...]) -> Any:
+    def _call(self, command: Any) -> Any:
         left = deadline.remaining()
         if left is not None and left <= 0:
             raise StorageError("redis: the deadline in force has passed")
@@ -760,18 +815,12 @@ class RedisClusterStore(_RedisBase):
         self.round_trips += 1
         return client.execute_command(*_as_eval(command))
 
-    def reset(self, key: str, rule: Rule | Sequence[Rule]) -> None:
-        command = self._reset_command(key, rule)
-        if len(command) > 1:
+    def _pack(self, command: Any) -> Any:
+        if command[0] == "DEL":
             # one slot: a multi-key DEL is one command (redis-py would split it per key)
-            self._run(("EVAL", "return redis.call('DEL', unpack(KEYS))", len(command) - 1,
-                       *command[1:]))
-
-    async def areset(self, key: str, rule: Rule | Sequence[Rule]) -> None:
-        command = self._reset_command(key, rule)
-        if len(command) > 1:
-            await self._arun(("EVAL", "return redis.call('DEL', unpack(KEYS))",
-                              len(command) - 1, *command[1:]))
+            return ("EVAL", "return redis.call('DEL', unpack(KEYS))", len(command) - 1,
+                    *command[1:])
+        return command
 
     def close(self) -> None:
         client, self._client = self._client, None

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import importlib.resources
 import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
 
 import pytest
 import redis
@@ -144,3 +148,16 @@ def test_server_time_agrees_across_skewed_clients(server: RedisServer) -> None:
     assert c2.hit("x", rule, cost=10).allowed
     for s in (s1, s2, c1, c2):
         s.close()
+
+
+def test_lua_files_are_inside_the_wheel(tmp_path: Path) -> None:
+    pytest.importorskip("hatchling", reason="building the wheel needs hatchling")
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(tmp_path), str(root)], check=True, timeout=120)
+    (wheel,) = tmp_path.glob("stormguard-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    lua = importlib.resources.files("stormguard.stores") / "lua"
+    for p in lua.iterdir():
+        if p.name.endswith(".lua"):
+            assert f"stormguard/stores/lua/{p.name}" in names

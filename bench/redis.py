@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -33,43 +32,66 @@ for p in (ROOT, os.path.join(ROOT, "src")):
 
 import redis  # noqa: E402 - after the path setup above
 import redis.asyncio  # noqa: E402
+from tests.redis_servers import start_redis  # noqa: E402
 
 from stormguard import AsyncRateLimiter, RateLimiter, RedisStore, Rule  # noqa: E402
 from stormguard.algorithms import ALGORITHMS  # noqa: E402
 from stormguard.stores.redis import SCRIPT  # noqa: E402
-from tests.redis_servers import start_redis  # noqa: E402
 
 KEYS = [f"user:{i}" for i in range(1000)]
 LIMIT = 1_000_000  # per hour: the benchmark measures the admitted path
 CALLERS = 64
 
 
-def sync_run(fn: Callable[[str], Any], n: int) -> tuple[float, float, float]:
-    for i in range(200):
-        fn(KEYS[i % 1000])
-    lat = []
+def sync_rows(impls: dict[str, Callable[[str], Any]], n: int,
+              rounds: int = 5) -> dict[str, tuple[float, float, float]]:
+    """Round-robin over the implementations (``rounds`` slices of ``n / rounds`` calls
+    each), so load from other processes on the machine hits every row alike."""
     pc = time.perf_counter
-    t0 = pc()
-    for i in range(n):
-        t = pc()
-        fn(KEYS[i % 1000])
-        lat.append(pc() - t)
-    total = pc() - t0
-    lat.sort()
-    return n / total, lat[len(lat) // 2] * 1e6, lat[int(len(lat) * 0.99)] * 1e6
+    lat: dict[str, list[float]] = {name: [] for name in impls}
+    spent = dict.fromkeys(impls, 0.0)
+    keys = {name: [f"{j}/{k}" for k in KEYS] for j, name in enumerate(impls)}  # no sharing
+    for name, fn in impls.items():
+        for i in range(200):
+            fn(keys[name][i % 1000])
+    per = n // rounds
+    for r in range(rounds):
+        for name, fn in impls.items():
+            out = lat[name]
+            ks = keys[name]
+            t0 = pc()
+            for i in range(r * per, (r + 1) * per):
+                t = pc()
+                fn(ks[i % 1000])
+                out.append(pc() - t)
+            spent[name] += pc() - t0
+    res = {}
+    for name, ls in lat.items():
+        ls.sort()
+        res[name] = (len(ls) / spent[name], ls[len(ls) // 2] * 1e6, ls[int(len(ls) * 0.99)] * 1e6)
+    return res
 
 
-async def async_run(fn: Callable[[str], Awaitable[Any]], n: int) -> float:
-    per = n // CALLERS
+async def async_rows(impls: dict[str, Callable[[str], Awaitable[Any]]], n: int,
+                     rounds: int = 3) -> dict[str, float]:
+    per = n // CALLERS // rounds
 
-    async def caller(c: int) -> None:
-        for i in range(per):
-            await fn(KEYS[(c * per + i) % 1000])
+    keys = {name: [f"a{j}/{k}" for k in KEYS] for j, name in enumerate(impls)}
 
-    await asyncio.gather(*[caller(c) for c in range(CALLERS)])  # warm-up: connections
-    t0 = time.perf_counter()
-    await asyncio.gather(*[caller(c) for c in range(CALLERS)])
-    return per * CALLERS / (time.perf_counter() - t0)
+    async def caller(fn: Callable[[str], Awaitable[Any]], ks: list[str], c: int,
+                     k: int) -> None:
+        for i in range(k):
+            await fn(ks[(c * k + i) % 1000])
+
+    for name, fn in impls.items():  # warm-up: connections, scripts
+        await asyncio.gather(*[caller(fn, keys[name], c, 3) for c in range(CALLERS)])
+    spent = dict.fromkeys(impls, 0.0)
+    for _ in range(rounds):
+        for name, fn in impls.items():
+            t0 = time.perf_counter()
+            await asyncio.gather(*[caller(fn, keys[name], c, per) for c in range(CALLERS)])
+            spent[name] += time.perf_counter() - t0
+    return {name: per * CALLERS * rounds / t for name, t in spent.items()}
 
 
 def peers_sync(url: str) -> dict[str, Callable[[str], Any]]:
@@ -138,6 +160,9 @@ def main() -> None:
     ap.add_argument("--async-n", type=int, default=20_000, help="checks per 64-caller row")
     args = ap.parse_args()
     server = start_redis()
+    print(f"redis-server {redis.Redis.from_url(server.url).info()['redis_version']} on "
+          f"{server.url}; python {sys.version.split()[0]}; {os.cpu_count()} cores; "
+          f"load average {os.getloadavg()[0]:.2f}")
     try:
         run(server.url, args.n, args.async_n)
     finally:
@@ -147,77 +172,61 @@ def main() -> None:
 def run(url: str, n: int, async_n: int) -> None:
     client = redis.Redis.from_url(url)
     sha = client.script_load(SCRIPT)
-    rule = Rule(LIMIT, 3600)  # sliding_window_counter
     raw_args = ("", 1, 1, 0, "swc", LIMIT, 3_600_000_000, LIMIT)
-
-    def raw(k: str) -> Any:
-        return client.evalsha(sha, 1, k, *raw_args)
-
-    rows: list[tuple[str, float, float, float]] = []
-    raw_first = sync_run(raw, n)
-    rows.append(("raw redis-py EVALSHA loop", *raw_first))
-    sg: dict[str, float] = {}
+    impls: dict[str, Callable[[str], Any]] = {
+        "raw redis-py EVALSHA loop (same script)": lambda k: client.evalsha(sha, 1, k, *raw_args),
+    }
     for algo in sorted(ALGORITHMS):
-        client.flushall()
         lim = RateLimiter(RedisStore.from_url(url))
         r = Rule(LIMIT, 3600, algorithm=algo)
-        res = sync_run(lambda k, lim=lim, r=r: lim.hit(k, r), n)
-        sg[algo] = res[0]
-        rows.append((f"stormguard {algo}", *res))
-        lim.close()
-    raw_last = sync_run(raw, n)
-    rows.append(("raw redis-py EVALSHA loop (again)", *raw_last))
-    peer_best = 0.0
-    for name, fn in peers_sync(url).items():
-        client.flushall()
-        res = sync_run(fn, n)
-        peer_best = max(peer_best, res[0])
-        rows.append((name, *res))
-
-    raw_rate = (raw_first[0] + raw_last[0]) / 2
+        impls[f"stormguard {algo}"] = lambda k, lim=lim, r=r: lim.hit(k, r)
+    peers = peers_sync(url)
+    impls.update(peers)
+    res = sync_rows(impls, n)
+    raw_rate = res["raw redis-py EVALSHA loop (same script)"][0]
+    sg = {k: v[0] for k, v in res.items() if k.startswith("stormguard")}
+    peer_best = max(res[k][0] for k in peers)
     print(f"\n### One client, blocking ({n} checks per row, 1000 keys, admitted path)\n")
     print("| implementation | checks/s | p50 µs | p99 µs | vs raw EVALSHA |")
     print("|---|---:|---:|---:|---:|")
-    for name, rate, p50, p99 in rows:
+    for name, (rate, p50, p99) in res.items():
         print(f"| {name} | {rate:,.0f} | {p50:.0f} | {p99:.0f} | {rate / raw_rate:.2f} |")
-    print(f"\nstormguard (sliding_window_counter) / raw EVALSHA = "
-          f"{sg['sliding_window_counter'] / raw_rate:.2f}; "
-          f"slowest stormguard algorithm / raw = {min(sg.values()) / raw_rate:.2f}; "
-          f"stormguard / fastest peer = {sg['sliding_window_counter'] / peer_best:.2f}x")
+    print(f"\nstormguard / raw EVALSHA: {min(sg.values()) / raw_rate:.2f} (slowest algorithm) "
+          f"to {max(sg.values()) / raw_rate:.2f} (fastest); "
+          f"stormguard sliding_window_counter / fastest peer = "
+          f"{sg['stormguard sliding_window_counter'] / peer_best:.2f}x")
+    asyncio.run(run_async(url, async_n))
 
-    asyncio.run(run_async(url, async_n, rule))
 
-
-async def run_async(url: str, n: int, rule: Rule) -> None:
-    rows: list[tuple[str, float]] = []
+async def run_async(url: str, n: int) -> None:
     client = redis.asyncio.Redis.from_url(url)
     sha = await client.script_load(SCRIPT)
     raw_args = ("", 1, 1, 0, "swc", LIMIT, 3_600_000_000, LIMIT)
-    rows.append(("raw redis.asyncio EVALSHA (no batching)",
-                 await async_run(lambda k: client.evalsha(sha, 1, k, *raw_args), n)))
-    sg: dict[str, float] = {}
+    impls: dict[str, Callable[[str], Awaitable[Any]]] = {
+        "raw redis.asyncio EVALSHA (no batching)":
+            lambda k: client.evalsha(sha, 1, k, *raw_args),
+    }
+    limiters = []
     for algo in sorted(ALGORITHMS):
-        await client.flushall()
         lim = AsyncRateLimiter(RedisStore.from_url(url))
+        limiters.append(lim)
         r = Rule(LIMIT, 3600, algorithm=algo)
-        sg[algo] = await async_run(lambda k, lim=lim, r=r: lim.hit(k, r), n)
-        rows.append((f"stormguard {algo} (batched)", sg[algo]))
+        impls[f"stormguard {algo} (batched)"] = lambda k, lim=lim, r=r: lim.hit(k, r)
+    peers = await peers_async(url)
+    impls.update(peers)
+    res = await async_rows(impls, n)
+    for lim in limiters:
         await lim.aclose()
-    peer_best = 0.0
-    for name, fn in (await peers_async(url)).items():
-        await client.flushall()
-        rate = await async_run(fn, n)
-        peer_best = max(peer_best, rate)
-        rows.append((name, rate))
     await client.aclose()
+    peer_best = max(res[k] for k in peers)
+    sg = {k: v for k, v in res.items() if k.startswith("stormguard")}
     print(f"\n### {CALLERS} concurrent asyncio callers, one event loop ({n} checks per row)\n")
     print("| implementation | checks/s | vs fastest peer |")
     print("|---|---:|---:|")
-    for name, rate in rows:
+    for name, rate in res.items():
         print(f"| {name} | {rate:,.0f} | {rate / peer_best:.2f}x |")
-    print(f"\nstormguard slowest algorithm / fastest peer = {min(sg.values()) / peer_best:.2f}x; "
-          f"sliding_window_counter / fastest peer = "
-          f"{sg['sliding_window_counter'] / peer_best:.2f}x")
+    print(f"\nstormguard / fastest peer: {min(sg.values()) / peer_best:.2f}x (slowest algorithm) "
+          f"to {max(sg.values()) / peer_best:.2f}x (fastest)")
 
 
 if __name__ == "__main__":

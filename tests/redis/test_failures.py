@@ -10,9 +10,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from stormguard import AsyncRateLimiter, RateLimiter, RedisStore, Rule, StorageError, deadline
+from stormguard import (
+    AsyncRateLimiter,
+    RateLimiter,
+    RedisClusterStore,
+    RedisStore,
+    Rule,
+    StorageError,
+    deadline,
+)
 from stormguard.testing import FakeClock
-from tests.redis_servers import RedisServer
+from tests.redis_servers import RedisServer, start_cluster
 
 TIMEOUT = 0.05
 SLACK = 0.05  # scheduling noise on a loaded 2-core machine
@@ -171,3 +179,28 @@ def test_deadline_clips_the_timeout(srv: RedisServer) -> None:
         store.hit("k", RULE)
     assert time.perf_counter() - t < 0.02 + SLACK
     store.close()
+
+
+async def test_cluster_with_one_master_down_degrades_only_its_keys() -> None:
+    cluster = start_cluster(3)  # its own cluster: this test kills a node
+    try:
+        store = RedisClusterStore.from_url(cluster.url, timeout=TIMEOUT)
+        limiter = RateLimiter(store)
+        alimiter = AsyncRateLimiter(RedisClusterStore.from_url(cluster.url, timeout=TIMEOUT))
+        keys = [f"user:{i}" for i in range(60)]
+        assert not any(limiter.hit(k, RULE).degraded for k in keys)
+        dead = cluster.nodes[1]
+        on_dead = {k for k in keys
+                   if store._sync_client().get_node_from_key(store.key(k, RULE)).port == dead.port}
+        assert 0 < len(on_dead) < len(keys)
+        dead.stop()
+        t = time.perf_counter()
+        sync = [limiter.hit(k, RULE) for k in keys]
+        ds = await asyncio.gather(*[alimiter.hit(k, RULE) for k in keys])
+        assert time.perf_counter() - t < 2 * len(on_dead) * (TIMEOUT + SLACK)
+        assert {k for k, d in zip(keys, sync, strict=True) if d.degraded} == on_dead
+        assert {k for k, d in zip(keys, ds, strict=True) if d.degraded} == on_dead
+        limiter.close()
+        await alimiter.aclose()
+    finally:
+        cluster.stop()

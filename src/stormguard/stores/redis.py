@@ -40,6 +40,7 @@ import redis.cluster
 import redis.retry
 from redis.asyncio.connection import parse_url
 from redis.backoff import NoBackoff
+from redis.crc import key_slot
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 
 from stormguard import deadline
@@ -848,16 +849,38 @@ class RedisClusterStore(_RedisBase):
         return replies
 
     async def _send_all(self, client: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """One pipeline per node, all at once: a dead node fails only its own commands."""
         self.round_trips += 1
-        pipe = client.pipeline(transaction=False)
-        for c in commands:
-            pipe.execute_command(*c)
-        async with asyncio.timeout(self.timeout * 2 + 0.001 * len(commands)):
-            replies: list[Any] = await pipe.execute(raise_on_error=False)
-        for r in replies:
-            if isinstance(r, BaseException) and not isinstance(r, ResponseError):
-                raise r
-        return replies
+        groups: dict[str, list[int]] = {}
+        nodes = client.nodes_manager
+        for i, c in enumerate(commands):
+            name = ""
+            if c[0] in ("EVALSHA", "EVAL") and c[2]:
+                node = nodes.get_node_from_slot(key_slot(c[3].encode()))
+                name = node.name if node is not None else ""
+            groups.setdefault(name, []).append(i)
+
+        async def run(indexes: list[int]) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            for i in indexes:
+                pipe.execute_command(*commands[i])
+            try:
+                async with asyncio.timeout(self.timeout * 2 + 0.001 * len(indexes)):
+                    out: list[Any] = await pipe.execute(raise_on_error=False)
+            except _BACKEND_ERRORS as exc:
+                return [exc] * len(indexes)
+            return out
+
+        results = await asyncio.gather(*[run(ix) for ix in groups.values()])
+        replies: list[Any] = [None] * len(commands)
+        for ix, out in zip(groups.values(), results, strict=True):
+            for i, r in zip(ix, out, strict=True):
+                replies[i] = r
+        failed = [r for r in replies if isinstance(r, BaseException)
+                  and not isinstance(r, ResponseError)]
+        if failed and len(failed) == len(replies):
+            raise failed[0]  # nothing got through: a backend failure (counts for the breaker)
+        return replies  # one node down: only its commands fail
 
     async def _aclose_state(self, state: dict[str, Any]) -> None:
         client = state.pop("client", None)

@@ -154,8 +154,20 @@ class _Breaker:
         return "open" if self.clock.monotonic() < self.open_until else "half_open"
 
 
+_TAGS: dict[str, str] = {}
+_TAGS_MAX = 1 << 16
+
+
 def _tag(key: str) -> str:
-    return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+    """The hash tag of a user key: 128-bit BLAKE2b in hex (memoised for hot keys)."""
+    tag = _TAGS.get(key)
+    if tag is None:
+        tag = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+        if len(_TAGS) >= _TAGS_MAX:
+            _TAGS.clear()
+        if len(key) <= 256:
+            _TAGS[key] = tag
+    return tag
 
 
 class _RedisBase(Store):

@@ -161,3 +161,28 @@ def test_lua_files_are_inside_the_wheel(tmp_path: Path) -> None:
     for p in lua.iterdir():
         if p.name.endswith(".lua"):
             assert f"stormguard/stores/lua/{p.name}" in names
+
+
+def test_stormguard_imports_without_redis_py() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['redis'] = None  # as if redis-py were not installed\n"
+        "import stormguard\n"
+        "from stormguard import ConfigError, MemoryStore, RateLimiter\n"
+        "assert RateLimiter(MemoryStore()).hit('k', stormguard.Rule(1, 1)).allowed\n"
+        "try:\n"
+        "    RateLimiter('redis://127.0.0.1:1/0')\n"
+        "except ConfigError as exc:\n"
+        "    assert 'stormguard[redis]' in str(exc)\n"
+        "else:\n"
+        "    raise AssertionError('no ConfigError')\n"
+        "try:\n"
+        "    stormguard.RedisStore\n"
+        "except ImportError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise AssertionError('RedisStore without redis-py')\n"
+    )
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60,
+                   env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"})

@@ -195,7 +195,28 @@ def run(url: str, n: int, async_n: int) -> None:
           f"to {max(sg.values()) / raw_rate:.2f} (fastest); "
           f"stormguard sliding_window_counter / fastest peer = "
           f"{sg['stormguard sliding_window_counter'] / peer_best:.2f}x")
+    server_cost(url, client)
     asyncio.run(run_async(url, async_n))
+
+
+def server_cost(url: str, client: redis.Redis) -> None:
+    """Redis-side time per script call (INFO commandstats), against a one-GET script."""
+    get_sha = client.script_load("return redis.call('GET', KEYS[1])")
+    print("\n### Redis-side cost per call (INFO commandstats usec_per_call)\n")
+    print("| script | µs per call |")
+    print("|---|---:|")
+    rows: list[tuple[str, Callable[[str], Any]]] = [
+        ("one GET (calibration)", lambda k: client.evalsha(get_sha, 1, k))]
+    for algo in sorted(ALGORITHMS):
+        lim = RateLimiter(RedisStore.from_url(url))
+        r = Rule(LIMIT, 3600, algorithm=algo)
+        rows.append((f"stormguard {algo}", lambda k, lim=lim, r=r: lim.hit(k, r)))
+    for name, fn in rows:
+        client.config_resetstat()
+        for i in range(2000):
+            fn(f"cost/{KEYS[i % 1000]}")
+        stats = client.info("commandstats").get("cmdstat_evalsha", {})
+        print(f"| {name} | {stats.get('usec_per_call', 0.0):.1f} |")
 
 
 async def run_async(url: str, n: int) -> None:

@@ -1,5 +1,5 @@
 -- fixed_window: state "window_index used"
-ALGOS['fw'] = {
+ALGOS['fw'] = function() return {
   load = getnums,
   decide = function(st, now, N, W, B, cost, consume)
     local w = fdiv(now, W)
@@ -22,4 +22,4 @@ ALGOS['fw'] = {
     return false, st, N - used, e - now, e - now, e
   end,
   save = putnums,
-}
+} end

@@ -1,7 +1,7 @@
 -- gcra: the theoretical arrival time scaled by N (tat_us * N) would exceed 2^53, so it is
 -- stored as "tat_us remainder" (tat_scaled = tat_us * N + remainder, 0 <= remainder < N)
 -- and all arithmetic is done on the debt relative to now, which stays below B * W.
-ALGOS['gcra'] = {
+ALGOS['gcra'] = function() return {
   load = getnums,
   decide = function(st, now, N, W, B, cost, consume)
     local tol = B * W
@@ -26,4 +26,4 @@ ALGOS['gcra'] = {
     return allowed, st, fdiv(tol - debt, W), reset, retry, now + reset
   end,
   save = putnums,
-}
+} end

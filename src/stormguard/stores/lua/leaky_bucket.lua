@@ -1,5 +1,5 @@
 -- leaky_bucket (as a meter): state "level last_us"; level in scaled units
-ALGOS['lb'] = {
+ALGOS['lb'] = function() return {
   load = getnums,
   decide = function(st, now, N, W, B, cost, consume)
     local cap = B * W
@@ -31,4 +31,4 @@ ALGOS['lb'] = {
     return allowed, st, fdiv(cap - level, W), reset, retry, now + reset
   end,
   save = putnums,
-}
+} end

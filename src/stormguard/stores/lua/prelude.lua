@@ -23,17 +23,14 @@ local function fmt(x)
   return string.format('%.0f', x)
 end
 
--- a state stored as space separated integers in one string key
+-- a state stored as two or three space separated integers in one string key
 local function getnums(key)
   local v = redis.call('GET', key)
   if not v then
     return nil
   end
-  local t = {}
-  for num in string.gmatch(v, '%S+') do
-    t[#t + 1] = tonumber(num)
-  end
-  return t
+  local a, b, c = string.match(v, '^(%S+) (%S+) ?(%S*)$')
+  return {tonumber(a), tonumber(b), tonumber(c)}
 end
 
 -- milliseconds until exp (microseconds), rounded up: the key lives until the state
@@ -49,13 +46,15 @@ local function ttl_ms(exp, now)
 end
 
 local function putnums(key, t, now, exp)
-  local parts = {}
-  for i = 1, #t do
-    parts[i] = fmt(t[i])
+  local text = fmt(t[1]) .. ' ' .. fmt(t[2])
+  if t[3] then
+    text = text .. ' ' .. fmt(t[3])
   end
-  redis.call('SET', key, table.concat(parts, ' '), 'PX', ttl_ms(exp, now))
+  redis.call('SET', key, text, 'PX', ttl_ms(exp, now))
 end
 
+-- ALGOS[code]() builds the algorithm's functions (on demand, so a call creates only the
+-- closures it uses):
 -- load(key, now, N, W) -> state | nil
 -- decide(state, now, N, W, B, cost, consume) -> allowed, new_state, remaining, reset, retry, expires_at
 -- save(key, new_state, now, expires_at)

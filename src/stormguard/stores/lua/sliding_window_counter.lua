@@ -1,5 +1,5 @@
 -- sliding_window_counter: state "window_index current previous"
-ALGOS['swc'] = {
+ALGOS['swc'] = function() return {
   load = getnums,
   decide = function(st, now, N, W, B, cost, consume)
     local w = fdiv(now, W)
@@ -47,4 +47,4 @@ ALGOS['swc'] = {
     return allowed, st, remaining, reset, retry, start + 2 * W
   end,
   save = putnums,
-}
+} end

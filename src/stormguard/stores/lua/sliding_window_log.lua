@@ -1,6 +1,6 @@
 -- sliding_window_log: a list of admission times (one entry per unit of cost), oldest first.
 -- Entries that can no longer count (<= now - W) are trimmed from the head as they expire.
-ALGOS['swl'] = {
+ALGOS['swl'] = function() return {
   load = function(key, now, N, W)
     local last = redis.call('LINDEX', key, -1)
     if not last then
@@ -56,4 +56,4 @@ ALGOS['swl'] = {
     end
     redis.call('PEXPIRE', key, ttl_ms(exp, now))
   end,
-}
+} end

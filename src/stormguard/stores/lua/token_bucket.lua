@@ -1,5 +1,5 @@
 -- token_bucket: state "level last_us"; level in scaled tokens (one token = W units)
-ALGOS['tb'] = {
+ALGOS['tb'] = function() return {
   load = getnums,
   decide = function(st, now, N, W, B, cost, consume)
     local cap = B * W
@@ -31,4 +31,4 @@ ALGOS['tb'] = {
     return allowed, st, fdiv(level, W), reset, retry, now + reset
   end,
   save = putnums,
-}
+} end

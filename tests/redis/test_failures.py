@@ -204,3 +204,18 @@ async def test_cluster_with_one_master_down_degrades_only_its_keys() -> None:
         await alimiter.aclose()
     finally:
         cluster.stop()
+
+
+def test_a_lost_probe_does_not_wedge_the_breaker(srv: RedisServer, clock: FakeClock) -> None:
+    store, limiter = make(srv, clock)
+    srv.stop()
+    for _ in range(5):
+        limiter.hit("k", RULE)
+    srv.restart()
+    clock.advance(1.0)
+    store.breaker.before()  # a probe starts, and its outcome never arrives
+    assert limiter.hit("k", RULE).degraded  # others still fail fast meanwhile
+    clock.advance(1.0)  # the probe's lease ends: the next check probes and closes
+    assert not limiter.hit("k", RULE).degraded
+    assert store.breaker.state == "closed"
+    store.close()

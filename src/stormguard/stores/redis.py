@@ -2,7 +2,7 @@
 
 One Lua script evaluates every algorithm (``lua/*.lua``, one file per algorithm,
 concatenated at load time); every ``hit``, ``peek`` and ``hit_all`` is exactly one
-``EVALSHA`` round trip (plus one ``EVAL`` the first time a server lacks the script).
+``EVALSHA`` round trip (plus one more the first time a server lacks the script).
 
 * Keys: ``{prefix}:{<tag>}:<rule id>`` where ``<tag>`` is a 128-bit BLAKE2b digest of the
   user key. The digest is the cluster hash tag, so all rules of one key share a slot,
@@ -14,8 +14,10 @@ concatenated at load time); every ``hit``, ``peek`` and ``hit_all`` is exactly o
   :class:`~stormguard.StorageError`. A built-in circuit breaker stops calling a sick
   server after ``breaker_threshold`` consecutive failures and probes it again after
   ``breaker_cooldown`` seconds.
-* Async calls on one event loop are coalesced: everything queued while a round trip
-  is in flight goes out as one pipeline on one connection.
+* Async calls on one event loop are coalesced: on one node, everything submitted
+  during one loop iteration is written as one pipeline on the loop's connection
+  (writes do not wait for earlier replies); on a cluster, calls queued while a batch
+  is in flight leave together, one pipeline per node.
 """
 
 from __future__ import annotations
@@ -103,9 +105,13 @@ def _rule_args(rule: Rule) -> tuple[str, int, int, int]:
 
 class _Breaker:
     """Consecutive-failure circuit breaker: closed -> open (fail fast, no network) ->
-    half-open (one probe) -> closed."""
+    half-open (one probe at a time) -> closed.
 
-    __slots__ = ("clock", "cooldown", "failures", "lock", "open", "open_until", "probing",
+    The probe holds a lease of ``cooldown`` seconds: if its outcome never arrives (the
+    caller was cancelled, say), another probe may go after the lease ends.
+    """
+
+    __slots__ = ("clock", "cooldown", "failures", "lock", "open", "open_until", "probe_until",
                  "threshold", "trips")
 
     def __init__(self, threshold: int, cooldown: float, clock: Clock) -> None:
@@ -115,40 +121,43 @@ class _Breaker:
         self.failures = 0
         self.open = False
         self.open_until = 0.0
-        self.probing = False
+        self.probe_until = 0.0
         self.trips = 0
+        """How many times the breaker opened."""
         self.lock = threading.Lock()
 
     def before(self) -> None:
         """Raise StorageError when the call must not touch the network."""
         if not self.open:
             return
-        if self.clock.monotonic() < self.open_until:
+        now = self.clock.monotonic()
+        if now < self.open_until:
             raise StorageError("redis circuit breaker is open")
         with self.lock:
-            if self.probing:
+            if now < self.probe_until:
                 raise StorageError("redis circuit breaker is half-open (probe in flight)")
-            self.probing = True
+            self.probe_until = now + self.cooldown
 
     def success(self) -> None:
         if self.failures or self.open:
             with self.lock:
                 self.failures = 0
                 self.open = False
-                self.probing = False
+                self.probe_until = 0.0
 
     def failure(self) -> None:
         with self.lock:
             self.failures += 1
-            if self.probing or self.failures >= self.threshold:
+            if self.open or self.failures >= self.threshold:
                 if not self.open:
                     self.trips += 1
                 self.open = True
-                self.probing = False
+                self.probe_until = 0.0
                 self.open_until = self.clock.monotonic() + self.cooldown
 
     @property
     def state(self) -> str:
+        """``"closed"``, ``"open"`` or ``"half_open"``."""
         if not self.open:
             return "closed"
         return "open" if self.clock.monotonic() < self.open_until else "half_open"

@@ -282,6 +282,9 @@ class _RedisBase(Store):
 
     def _run(self, command: Any) -> Any:
         """One round trip with the breaker around it; every failure is a StorageError."""
+        left = deadline.remaining()
+        if left is not None and left <= 0:
+            raise StorageError("redis: the deadline in force has passed")
         breaker = self.breaker
         breaker.before()
         try:
@@ -345,14 +348,13 @@ class _RedisBase(Store):
         raise NotImplementedError
 
     async def _arun(self, command: Any) -> Any:
+        left = deadline.remaining()
+        if left is not None and left <= 0:
+            raise StorageError("redis: the deadline in force has passed")
         self.breaker.before()
         fut = self._runner().submit(command)
-        left = deadline.remaining()
         if left is None or left >= self.timeout:
             return await fut
-        if left <= 0:
-            fut.cancel()
-            raise StorageError("redis: the deadline in force has passed")
         try:
             async with asyncio.timeout(left):
                 return await fut
@@ -683,11 +685,8 @@ class RedisStore(_RedisBase):
     def _call(self, command: Any) -> Any:
         timeout: Any = None
         left = deadline.remaining()
-        if left is not None:
-            if left <= 0:
-                raise StorageError("redis: the deadline in force has passed")
-            if left < self.timeout:
-                timeout = left
+        if left is not None and left < self.timeout:
+            timeout = max(left, 0.0001)
         pool = self._pool
         conn: Any = pool.get_connection()
         try:
@@ -824,9 +823,6 @@ class RedisClusterStore(_RedisBase):
         return client
 
     def _call(self, command: Any) -> Any:
-        left = deadline.remaining()
-        if left is not None and left <= 0:
-            raise StorageError("redis: the deadline in force has passed")
         client = self._sync_client()
         self.round_trips += 1
         try:

@@ -220,3 +220,22 @@ def test_a_lost_probe_does_not_wedge_the_breaker(srv: RedisServer, clock: FakeCl
     assert not limiter.hit("k", RULE).degraded
     assert store.breaker.state == "closed"
     store.close()
+
+
+async def test_async_connection_survives_an_idle_restart(srv: RedisServer,
+                                                         clock: FakeClock) -> None:
+    store = RedisStore.from_url(srv.url, clock=clock, timeout=TIMEOUT)
+    limiter = AsyncRateLimiter(store, on_error="deny")
+    assert not (await limiter.hit("k", RULE)).degraded
+    srv.stop()
+    srv.restart()
+    await asyncio.sleep(0)
+    assert not (await limiter.hit("k", RULE)).degraded  # a fresh connection, no failure
+    assert store.breaker.failures == 0
+    srv.stop()
+    d = await limiter.hit("k", RULE)
+    assert d.degraded
+    assert not d.allowed
+    srv.restart()
+    assert not (await limiter.hit("k", RULE)).degraded  # the breaker is still closed
+    await limiter.aclose()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import select
 import ssl
 import threading
 from collections import deque
@@ -518,6 +519,8 @@ class _Mux:
         self.scheduled = False
         if not self.queue:
             return
+        if self.writer is not None and not self.inflight and self._stale():
+            self._drop()  # the server went away while we were idle: reconnect first
         if self.writer is None:
             if self.connecting is None:
                 self.connecting = self.loop.create_task(self._connect())
@@ -529,6 +532,22 @@ class _Mux:
         self.inflight.extend(batch)
         if self.reading is None:
             self.reading = self.loop.create_task(self._read())
+
+    def _stale(self) -> bool:
+        """An idle connection with something to read (EOF, an error) is dead: Redis sends
+        nothing unasked. One zero-timeout poll, only when no reply is pending."""
+        assert self.reader is not None
+        assert self.writer is not None
+        if self.reader.at_eof() or self.writer.is_closing():
+            return True
+        sock = self.writer.get_extra_info("socket")
+        if sock is None:
+            return False
+        try:
+            readable, _, _ = select.select([sock], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        return bool(readable)
 
     async def _connect(self) -> None:
         store = self.store

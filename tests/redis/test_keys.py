@@ -129,6 +129,8 @@ def test_bad_options() -> None:
         RedisStore.from_url("redis://127.0.0.1:1/0", breaker_threshold=11)
     with pytest.raises(ConfigError, match="url"):
         RedisClusterStore.from_url("redis+cluster://nohost")
+    with pytest.raises(ConfigError, match="url"):
+        RedisStore.from_url("redis://127.0.0.1:port/0")
 
 
 def test_server_time_agrees_across_skewed_clients(server: RedisServer) -> None:

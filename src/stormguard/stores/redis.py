@@ -686,10 +686,13 @@ class RedisStore(_RedisBase):
 
     def __init__(self, url: str = "redis://127.0.0.1:6379/0", **options: Any) -> None:
         super().__init__(url, **options)
-        self._pool = redis.ConnectionPool.from_url(
-            url, socket_timeout=self.timeout, socket_connect_timeout=self.connect_timeout,
-            max_connections=self.max_connections, **self.client_options)
-        self._params: dict[str, Any] = {**parse_url(url), **self.client_options}
+        try:
+            self._pool = redis.ConnectionPool.from_url(
+                url, socket_timeout=self.timeout, socket_connect_timeout=self.connect_timeout,
+                max_connections=self.max_connections, **self.client_options)
+            self._params: dict[str, Any] = {**parse_url(url), **self.client_options}
+        except (ValueError, TypeError) as exc:
+            raise ConfigError("url", url, f"not a usable Redis URL: {exc}") from None
         self._packs: dict[tuple[Any, int, bool], tuple[bytes, list[bytes], bytes]] = {}
         self._key_head = f"{self.prefix}:{{".encode()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from stormguard._clock import Clock, SystemClock
 from stormguard.decision import Decision
 from stormguard.errors import (
@@ -27,6 +29,9 @@ from stormguard.policies import (
 from stormguard.rules import Rule
 from stormguard.stores import MemoryStore, Store
 
+if TYPE_CHECKING:
+    from stormguard.stores.redis import RedisClusterStore, RedisStore
+
 __all__ = [
     "AsyncRateLimiter",
     "Bulkhead",
@@ -41,6 +46,8 @@ __all__ = [
     "MemoryStore",
     "Pipeline",
     "RateLimiter",
+    "RedisClusterStore",
+    "RedisStore",
     "Retry",
     "RetryBudget",
     "RetryBudgetExhausted",
@@ -54,3 +61,12 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # the Redis stores import redis-py: only when asked for, so the core works without it
+    if name in ("RedisClusterStore", "RedisStore"):
+        from stormguard.stores import redis as _redis
+
+        return getattr(_redis, name)
+    raise AttributeError(f"module 'stormguard' has no attribute {name!r}")

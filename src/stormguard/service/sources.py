@@ -58,28 +58,47 @@ class RulesSource:
         self._task: asyncio.Task[None] | None = None
         self.reload_errors = 0
         """How many outside changes were refused (invalid rules, unreachable backend)."""
+        self._failing = False
+        self._stopping = asyncio.Event()
 
     async def start(self) -> None:
         """Load, then keep polling for outside changes in a background task."""
-        await self.refresh()
+        await self._refresh_logged()
         if self.poll_interval > 0:
+            self._stopping.clear()
             self._task = asyncio.create_task(self._poll_loop(), name="stormguard-rules-poll")
 
     async def stop(self) -> None:
+        """Stop polling: the loop finishes its current refresh (never cancelled in the
+        middle of a backend call, which could leave a connection half-used)."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            self._stopping.set()
+            try:
+                await asyncio.wait_for(asyncio.shield(task), timeout=5.0)
+            except TimeoutError:
+                task.cancel()
 
     async def _poll_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.poll_interval)
-            try:
-                await self.refresh()
-            except Exception:  # keep polling whatever happens; the previous rules stay
-                self.reload_errors += 1
-                log.exception("stormguard: reloading rules failed; previous rules stay")
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.poll_interval)
+                return
+            await self._refresh_logged()
+
+    async def _refresh_logged(self) -> None:
+        """Refresh; on failure keep the previous rules and log once per outage."""
+        try:
+            await self.refresh()
+        except Exception as exc:  # keep polling whatever happens; the previous rules stay
+            self.reload_errors += 1
+            if not self._failing:
+                log.warning("stormguard: reloading rules failed, previous rules stay: %s", exc)
+            self._failing = True
+        else:
+            if self._failing:
+                log.warning("stormguard: reloading rules works again")
+            self._failing = False
 
     async def refresh(self) -> bool:
         """Pick up an outside change now; True if the rules changed."""
@@ -206,11 +225,10 @@ class RedisRules(RulesSource):
                 await self._cas(0, self.seed)  # only when Redis holds no rules yet
             except _Conflict:
                 pass
-            except StorageError:
+            except StorageError as exc:
                 self.current = self.seed  # serve the seed until Redis answers
-                log.exception("stormguard: cannot reach Redis for rules; serving the file")
-        with contextlib.suppress(StorageError):
-            await self.refresh()
+                log.warning("stormguard: cannot reach Redis for rules, serving the initial "
+                            "rules until it answers: %s", exc)
         await super().start()
 
     async def stop(self) -> None:

@@ -28,7 +28,7 @@ from stormguard.errors import ConfigError
 from stormguard.limiter import AsyncRateLimiter, RateLimiter
 from stormguard.ruleset import CheckResult, RequestAttrs, RuleSet, RuleSpec, check_flow, run_async
 
-__all__ = ["ClientIP", "RateLimitMiddleware", "WSGIRateLimitMiddleware"]
+__all__ = ["ClientIP", "RateLimitMiddleware", "Scope", "WSGIRateLimitMiddleware"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -1,7 +1,7 @@
 """FastAPI behind stormguard's ASGI middleware.
 
 Run it:   uvicorn examples.fastapi_app:app          (or: python examples/fastapi_app.py)
-Try it:   for i in 1 2 3 4 5 6; do curl -si -H 'X-User: 42' localhost:8000/search?q=x | head -1; done
+Try it:   for i in 1 2 3 4 5 6; do curl -si -H 'X-User: 42' localhost:8000/search | head -1; done
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from importlib import resources
@@ -135,8 +136,14 @@ def _serve(args: argparse.Namespace) -> int:
                             lifespan="on", timeout_graceful_shutdown=10,
                             server_header=False)
     server = uvicorn.Server(config)
+    stopped_by: list[int] = []
+    # uvicorn handles SIGTERM/SIGINT itself (stop accepting, finish in-flight requests,
+    # run the shutdown) and then re-raises the signal to the previous handler: make that
+    # handler record it, so a requested shutdown exits 0 instead of dying by the signal.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stopped_by.append(signum))
     try:
-        server.run()  # SIGTERM / SIGINT: stop accepting, finish in-flight requests, exit
+        server.run()
     finally:
         limiter.store.close()
     return 0 if server.started else 1

@@ -42,6 +42,8 @@ class SystemClock:
 
     monotonic = staticmethod(time.monotonic)
     wall = staticmethod(time.time)
+    #: Epoch nanoseconds; stores use it, when a clock has it, to skip float conversions.
+    wall_ns = staticmethod(time.time_ns)
 
     def sleep(self, seconds: float) -> None:
         if seconds > 0:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import math
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from stormguard.rules import Rule
 
 __all__ = ["Decision"]
+
+_new = tuple.__new__
+_FIELDS = ("allowed", "limit", "remaining", "reset_after", "retry_after", "rule", "degraded")
 
 
 def _ceil_s(seconds: float) -> int:
@@ -23,8 +27,8 @@ def _sf_string(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
-class Decision:
-    """The answer to one check.
+class Decision(tuple[bool, int, int, float, float, "Rule | None", bool]):
+    """The answer to one check (an immutable record).
 
     * ``allowed``: admit the request?
     * ``limit``: the rule's capacity (``limit``, or ``burst`` for bucket algorithms)
@@ -33,39 +37,43 @@ class Decision:
     * ``retry_after``: seconds to wait before the same request is admitted (0.0 when allowed)
     * ``rule``: the rule that decided (for ``hit_all``, the binding rule)
     * ``degraded``: True when the store failed and ``on_error`` answered instead
+
+    It is a tuple underneath (cheap to build on the hot path), but compares and
+    prints as a record; use the attributes, not positions.
     """
 
-    __slots__ = ("allowed", "degraded", "limit", "remaining", "reset_after", "retry_after", "rule")
+    __slots__ = ()
 
-    def __init__(self, allowed: bool, limit: int, remaining: int, reset_after: float,
-                 retry_after: float, rule: Rule | None = None, degraded: bool = False) -> None:
-        self.allowed = allowed
-        self.limit = limit
-        self.remaining = remaining
-        self.reset_after = reset_after
-        self.retry_after = retry_after
-        self.rule = rule
-        self.degraded = degraded
+    def __new__(cls, allowed: bool, limit: int, remaining: int, reset_after: float,
+                retry_after: float, rule: Rule | None = None, degraded: bool = False) -> Decision:
+        return _new(cls, (allowed, limit, remaining, reset_after, retry_after, rule, degraded))
+
+    allowed: bool = property(itemgetter(0))  # type: ignore[assignment]
+    limit: int = property(itemgetter(1))  # type: ignore[assignment]
+    remaining: int = property(itemgetter(2))  # type: ignore[assignment]
+    reset_after: float = property(itemgetter(3))  # type: ignore[assignment]
+    retry_after: float = property(itemgetter(4))  # type: ignore[assignment]
+    rule: Rule | None = property(itemgetter(5))  # type: ignore[assignment]
+    degraded: bool = property(itemgetter(6))  # type: ignore[assignment]
 
     def __bool__(self) -> bool:
-        return self.allowed
+        return self[0]
 
-    def _key(self) -> tuple[object, ...]:
-        return (self.allowed, self.limit, self.remaining, self.reset_after, self.retry_after,
-                self.rule, self.degraded)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Decision):
-            return NotImplemented
-        return self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash(self._key())
+    def replace(self, **changes: object) -> Decision:
+        """A copy with some fields changed."""
+        fields: dict[str, object] = dict(zip(_FIELDS, self, strict=True))
+        for name in changes:
+            if name not in fields:
+                raise TypeError(f"Decision has no field {name!r}")
+        fields.update(changes)
+        return _new(Decision, tuple(fields[f] for f in _FIELDS))
 
     def __repr__(self) -> str:
-        return (f"Decision(allowed={self.allowed}, limit={self.limit}, remaining={self.remaining}, "
-                f"reset_after={self.reset_after!r}, retry_after={self.retry_after!r}, "
-                f"rule={self.rule!r}, degraded={self.degraded})")
+        return "Decision(" + ", ".join(
+            f"{f}={v!r}" for f, v in zip(_FIELDS, self, strict=True)) + ")"
+
+    def __getnewargs__(self) -> tuple[object, ...]:
+        return tuple(self)
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-ready view (the rule by name)."""

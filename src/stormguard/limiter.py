@@ -46,7 +46,9 @@ class _Base:
         self.degraded_count = 0
         """How many decisions were answered by ``on_error`` instead of the store."""
         self._count_lock = threading.Lock()
-        self._local: MemoryStore | None = None
+        # created up front: two threads failing over at once must share one local store
+        self._local: MemoryStore | None = (
+            MemoryStore(clock=store.clock) if on_error == "local" else None)
         self._local_rules: dict[str, Rule] = {}
 
     # -- degraded answers -------------------------------------------------------------
@@ -74,9 +76,7 @@ class _Base:
             else:
                 d = self._local.peek(key, local[0], cost)
             original = next((r for r in rules if self._local_rule(r) is d.rule), rules[0])
-            d.rule = original
-            d.degraded = True
-            return d
+            return d.replace(rule=original, degraded=True)
         rule = rules[0]
         cap = rule.capacity
         if self.on_error == "deny":
@@ -100,6 +100,13 @@ class RateLimiter(_Base):
     fail-open), ``"deny"`` (fail-closed) or ``"local"`` (an in-process limiter enforcing
     ``local_share`` of each rule's limit). Such decisions have ``degraded=True``.
     """
+
+    def __init__(self, store: Store | str = "memory://", **options: Any) -> None:
+        super().__init__(store, **options)
+        if type(self.store) is MemoryStore:
+            # The embedded store never raises StorageError: skip one frame per check.
+            self.hit = self.store.hit  # type: ignore[method-assign]
+            self.peek = self.store.peek  # type: ignore[method-assign]
 
     def hit(self, key: str, rule: Rule, cost: int = 1) -> Decision:
         """Check and consume ``cost`` if admitted."""

@@ -97,7 +97,7 @@ class Rule:
         if self.name is not None and (not isinstance(self.name, str) or not self.name):
             raise ConfigError("name", self.name, "must be a non-empty string")
         window_us = round(window * 1_000_000)
-        algo = cls(limit, window_us, burst if burst is not None else limit)
+        algo = cls(limit, window_us, burst if burst is not None else limit, self)
         object.__setattr__(self, "_algo", algo)
         rid = f"{algorithm}:{limit}:{window_us}:{algo.B}"
         if self.name:

@@ -29,6 +29,10 @@ class FakeClock:
     def wall(self) -> float:
         return self._wall0 + self._elapsed
 
+    def wall_ns(self) -> int:
+        """``wall()`` in integer nanoseconds, rounded to the microsecond."""
+        return int(self.wall() * 1_000_000 + 0.5) * 1000
+
     def monotonic(self) -> float:
         return self._mono0 + self._elapsed
 

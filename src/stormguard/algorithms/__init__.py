@@ -26,6 +26,11 @@ exact wait after which the same request is admitted if nothing else arrives;
 ``expires_at_us`` the time after which the state is indistinguishable from a
 fresh key (what a store uses as TTL).
 
+:meth:`Algorithm.decide` is the pure reference form above. The embedded store
+uses :meth:`Algorithm.apply`, the same arithmetic (``decide`` is built on it)
+on a mutable entry ``[expires_at_us, *state]``, returning the
+:class:`~stormguard.Decision` directly: no copies on the hot path.
+
 State layouts (the Lua scripts store the same numbers):
 
 =========================  ===========================================
@@ -33,7 +38,7 @@ fixed_window               ``(window_index, used)``
 sliding_window_counter     ``(window_index, current, previous)``
 sliding_window_log         ``tuple`` of admission times (one per unit of cost)
 token_bucket               ``(level, last_us)``; level in scaled tokens
-gcra                       ``tat`` scaled by ``N`` (``tat_us * N``): one integer
+gcra                       ``(tat,)``: the TAT scaled by ``N`` (``tat_us * N``), one integer
 leaky_bucket               ``(level, last_us)``; level in scaled units
 =========================  ===========================================
 """
@@ -41,7 +46,12 @@ leaky_bucket               ``(level, last_us)``; level in scaled units
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+from stormguard.decision import Decision
+
+if TYPE_CHECKING:
+    from stormguard.rules import Rule
 
 __all__ = [
     "ALGORITHMS",
@@ -58,82 +68,132 @@ __all__ = [
 # (allowed, new_state, remaining, reset_after_us, retry_after_us, expires_at_us)
 Verdict = tuple[bool, Any, int, int, int, int]
 
+_new = tuple.__new__
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -((-a) // b)
+
 
 class Algorithm:
-    """Base: one instance per rule, holding the rule's integer constants."""
+    """Base: one instance per rule, holding the rule's integer constants.
 
-    __slots__ = ("B", "N", "W")
+    Subclasses implement :meth:`apply`, the single copy of each algorithm's
+    arithmetic, on a mutable *entry* ``[expires_at_us, *state]``: with
+    ``consume`` and an admitted request it updates the entry in place,
+    otherwise it leaves it untouched. :meth:`decide` is the pure form on
+    immutable state tuples, built on :meth:`apply` over a copy.
+    """
+
+    __slots__ = ("B", "N", "W", "rule")
     name: str = ""
     #: True when ``burst`` means something for this algorithm.
     uses_burst: bool = False
+    #: the entry of a key never seen
+    FRESH: tuple[Any, ...] = ()
 
-    def __init__(self, limit: int, window_us: int, burst: int) -> None:
+    def __init__(self, limit: int, window_us: int, burst: int, rule: Rule | None = None) -> None:
         self.N = limit
         self.W = window_us
         self.B = burst if self.uses_burst else limit
+        self.rule = rule
+
+    def fresh(self) -> list[Any]:
+        """A new entry for a key never seen."""
+        return [0, *self.FRESH]
+
+    def apply(self, entry: list[Any], now: int, cost: int, consume: bool) -> Decision:
+        raise NotImplementedError
 
     def decide(self, state: Any, now: int, cost: int, consume: bool) -> Verdict:
-        raise NotImplementedError
+        """Pure: ``state`` (None for a new key) is never modified."""
+        entry = self.fresh() if state is None else [0, *state]
+        d = self.apply(entry, now, cost, consume)
+        new_state = tuple(entry[1:]) if d[0] and consume else state
+        return (d[0], new_state, d[2], round(d[3] * 1e6), round(d[4] * 1e6),
+                entry[0] if d[0] and consume else self.expires(entry, now))
+
+    def expires(self, entry: list[Any], now: int) -> int:
+        """When an untouched entry stops mattering (used by the pure form only)."""
+        return int(entry[0])
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(limit={self.N}, window_us={self.W}, capacity={self.B})"
 
 
 class FixedWindow(Algorithm):
-    """Epoch-aligned windows ``[k*W, (k+1)*W)``; at most ``N`` per window."""
+    """Epoch-aligned windows ``[k*W, (k+1)*W)``; at most ``N`` per window.
+
+    Entry: ``[expires, window_index, used]``."""
 
     __slots__ = ()
     name = "fixed_window"
+    FRESH = (-1, 0)
 
-    def decide(self, state: Any, now: int, cost: int, consume: bool) -> Verdict:
+    def apply(self, entry: list[Any], now: int, cost: int, consume: bool) -> Decision:
         W = self.W
         N = self.N
         w = now // W
-        used = state[1] if state is not None and state[0] == w else 0
+        used = 0
+        if entry[1] >= w:
+            if entry[1] > w:  # the clock stepped back: stay in the newer window
+                w = entry[1]
+                now = w * W
+            used = entry[2]
         end = (w + 1) * W
         if used + cost <= N:
             if consume:
                 used += cost
-                state = (w, used)
-            return (True, state, N - used, end - now if used else 0, 0, end)
-        return (False, state, N - used, end - now, end - now, end)
+                entry[0] = end
+                entry[1] = w
+                entry[2] = used
+            return _new(Decision, (True, N, N - used, (end - now) / 1e6 if used else 0.0, 0.0,
+                                   self.rule, False))
+        wait = (end - now) / 1e6
+        return _new(Decision, (False, N, N - used, wait, wait, self.rule, False))
+
+    def expires(self, entry: list[Any], now: int) -> int:
+        return (now // self.W + 1) * self.W
 
 
 class SlidingWindowCounter(Algorithm):
-    """Cloudflare's estimate: ``prev * (W - elapsed) / W + cur``, epoch-aligned windows.
+    """Cloudflare's estimate ``prev * (W - elapsed) / W + cur`` over epoch-aligned windows.
 
     Admitted iff ``prev * (W - elapsed) + (cur + cost) * W <= N * W`` (exact integers).
-    """
+    Entry: ``[expires, window_index, current, previous]``."""
 
     __slots__ = ()
     name = "sliding_window_counter"
+    FRESH = (-2, 0, 0)
 
-    def decide(self, state: Any, now: int, cost: int, consume: bool) -> Verdict:
+    def apply(self, entry: list[Any], now: int, cost: int, consume: bool) -> Decision:
         W = self.W
         N = self.N
         w = now // W
         start = w * W
-        if state is None:
-            cur = prev = 0
+        sw = entry[1]
+        if sw >= w:
+            if sw > w:  # the clock stepped back: stay in the newer window
+                w = sw
+                start = now = w * W
+            cur = entry[2]
+            prev = entry[3]
+        elif sw == w - 1:
+            cur = 0
+            prev = entry[2]
         else:
-            sw = state[0]
-            if sw == w:
-                cur = state[1]
-                prev = state[2]
-            elif sw == w - 1:
-                cur = 0
-                prev = state[1]
-            else:
-                cur = prev = 0
+            cur = prev = 0
         elapsed = now - start
-        weight = W - elapsed
-        prev_part = prev * weight
+        prev_part = prev * (W - elapsed)
         if prev_part + (cur + cost) * W <= N * W:
             allowed = True
             retry = 0
             if consume:
                 cur += cost
-                state = (w, cur, prev)
+                entry[0] = start + 2 * W
+                entry[1] = w
+                entry[2] = cur
+                entry[3] = prev
         else:
             allowed = False
             free = N - cur - cost
@@ -152,140 +212,191 @@ class SlidingWindowCounter(Algorithm):
             reset = start + W - now
         else:
             reset = 0
-        return (allowed, state, remaining, reset, retry, start + 2 * W)
+        return _new(Decision, (allowed, N, remaining, reset / 1e6, retry / 1e6, self.rule, False))
+
+    def expires(self, entry: list[Any], now: int) -> int:
+        return (now // self.W + 2) * self.W
 
 
 class SlidingWindowLog(Algorithm):
     """Exact: a request at ``t`` counts during ``[t, t + W)``; never more than ``N`` in any
-    half-open interval of length ``W``. Memory is O(limit) per key."""
+    half-open interval of length ``W``. Memory is O(limit) per key.
+
+    Entry: ``[expires, log]`` where ``log`` is a sorted list with one admission time per
+    unit of cost (the pure form's state is a tuple)."""
 
     __slots__ = ()
     name = "sliding_window_log"
 
+    def fresh(self) -> list[Any]:
+        return [0, []]
+
     def decide(self, state: Any, now: int, cost: int, consume: bool) -> Verdict:
+        allowed, new_state, remaining, reset, retry, exp = super().decide(
+            None if state is None else (list(state),), now, cost, consume)
+        new_state = tuple(new_state[0]) if allowed and consume else state
+        return (allowed, new_state, remaining, reset, retry, exp)
+
+    def apply(self, entry: list[Any], now: int, cost: int, consume: bool) -> Decision:
         W = self.W
         N = self.N
-        log: tuple[int, ...] = state if state is not None else ()
+        log: list[int] = entry[1]
         if log and now < log[-1]:
             now = log[-1]  # a clock that stepped back: never reorder the log
         i = bisect_right(log, now - W)
         live = len(log) - i
         if live + cost <= N:
             if consume:
-                log = log[i:] + (now,) * cost
-                state = log
+                if i:
+                    del log[:i]
+                if cost == 1:
+                    log.append(now)
+                else:
+                    log.extend([now] * cost)
+                live += cost
+                entry[0] = now + W
                 i = 0
-                live = len(log)
-            reset = log[-1] + W - now if live else 0
-            return (True, state, N - live, reset, 0, (log[-1] + W) if live else now)
+            reset = (log[-1] + W - now) / 1e6 if live else 0.0
+            return _new(Decision, (True, N, N - live, reset, 0.0, self.rule, False))
         k = live + cost - N  # how many of the oldest live entries must expire
         retry = log[i + k - 1] + W - now
-        return (False, state, N - live, log[-1] + W - now, retry, log[-1] + W)
+        return _new(Decision, (False, N, N - live, (log[-1] + W - now) / 1e6, retry / 1e6,
+                               self.rule, False))
 
-
-def _ceil_div(a: int, b: int) -> int:
-    return -((-a) // b)
+    def expires(self, entry: list[Any], now: int) -> int:
+        log = entry[1]
+        return log[-1] + self.W if log else now
 
 
 class TokenBucket(Algorithm):
-    """Capacity ``B`` tokens, refilled continuously at ``N / W`` tokens per second."""
+    """Capacity ``B`` tokens, refilled continuously at ``N / W`` tokens per second.
+
+    Entry: ``[expires, level, last_us]``; the level is in scaled tokens (1 token = ``W``)."""
 
     __slots__ = ()
     name = "token_bucket"
     uses_burst = True
 
-    def decide(self, state: Any, now: int, cost: int, consume: bool) -> Verdict:
+    def fresh(self) -> list[Any]:
+        return [0, self.B * self.W, 0]
+
+    def apply(self, entry: list[Any], now: int, cost: int, consume: bool) -> Decision:
         W = self.W
         N = self.N
         cap = self.B * W
-        if state is None:
-            level = cap
+        level = entry[1]
+        elapsed = now - entry[2]
+        if elapsed > 0:
+            level += elapsed * N
+            level = min(level, cap)
         else:
-            level = state[0]
-            elapsed = now - state[1]
-            if elapsed > 0:
-                level += elapsed * N
-                level = min(level, cap)
+            now = entry[2]  # the clock stepped back (or stood still): no time passed
         need = cost * W
         if level >= need:
             allowed = True
             retry = 0
             if consume:
                 level -= need
-                state = (level, now)
+                entry[1] = level
+                entry[2] = now
         else:
             allowed = False
             retry = _ceil_div(need - level, N)
         reset = _ceil_div(cap - level, N)
-        return (allowed, state, level // W, reset, retry, now + reset)
+        if allowed and consume:
+            entry[0] = now + reset
+        return _new(Decision, (allowed, self.B, level // W, reset / 1e6, retry / 1e6,
+                               self.rule, False))
+
+    def expires(self, entry: list[Any], now: int) -> int:
+        level = min(self.B * self.W, entry[1] + max(0, now - entry[2]) * self.N)
+        return now + _ceil_div(self.B * self.W - level, self.N)
 
 
 class Gcra(Algorithm):
     """Generic cell rate algorithm: the token bucket's decisions from one timestamp.
 
-    State is the theoretical arrival time scaled by ``N`` (``tat_us * N``), so the
-    emission interval ``W / N`` becomes the integer ``W``. Decisions equal
-    :class:`TokenBucket`'s with the same parameters, to the microsecond.
+    Entry: ``[expires, tat]`` with the theoretical arrival time scaled by ``N``
+    (``tat_us * N``), so the emission interval ``W / N`` is the integer ``W``.
+    Decisions equal :class:`TokenBucket`'s with the same parameters, to the microsecond.
     """
 
     __slots__ = ()
     name = "gcra"
     uses_burst = True
+    FRESH = (0,)
 
-    def decide(self, state: Any, now: int, cost: int, consume: bool) -> Verdict:
+    def apply(self, entry: list[Any], now: int, cost: int, consume: bool) -> Decision:
         W = self.W
         N = self.N
         tol = self.B * W
         nows = now * N
-        base = state if state is not None and state > nows else nows
+        base = entry[1]
+        base = max(base, nows)
         new_tat = base + cost * W
         if new_tat - nows <= tol:
             allowed = True
             retry = 0
             if consume:
                 base = new_tat
-                state = new_tat
+                entry[1] = new_tat
         else:
             allowed = False
             retry = _ceil_div(new_tat - nows - tol, N)
         debt = base - nows
         reset = _ceil_div(debt, N)
-        return (allowed, state, (tol - debt) // W, reset, retry, now + reset)
+        if allowed and consume:
+            entry[0] = now + reset
+        return _new(Decision, (allowed, self.B, (tol - debt) // W, reset / 1e6, retry / 1e6,
+                               self.rule, False))
+
+    def expires(self, entry: list[Any], now: int) -> int:
+        return now + _ceil_div(max(0, entry[1] - now * self.N), self.N)
 
 
 class LeakyBucket(Algorithm):
     """Leaky bucket as a meter: capacity ``B``, drains at ``N / W`` per second;
     admitted iff ``level + cost <= B``. (The queueing *shaper* form, which delays
-    instead of rejecting, is for outbound calls.)"""
+    instead of rejecting, is for outbound calls.)
+
+    Entry: ``[expires, level, last_us]``; the level is in scaled units (1 unit of cost = ``W``)."""
 
     __slots__ = ()
     name = "leaky_bucket"
     uses_burst = True
+    FRESH = (0, 0)
 
-    def decide(self, state: Any, now: int, cost: int, consume: bool) -> Verdict:
+    def apply(self, entry: list[Any], now: int, cost: int, consume: bool) -> Decision:
         W = self.W
         N = self.N
         cap = self.B * W
-        if state is None:
-            level = 0
+        level = entry[1]
+        elapsed = now - entry[2]
+        if elapsed > 0:
+            level -= elapsed * N
+            level = max(level, 0)
         else:
-            level = state[0]
-            elapsed = now - state[1]
-            if elapsed > 0:
-                level -= elapsed * N
-                level = max(level, 0)
+            now = entry[2]  # the clock stepped back (or stood still): no time passed
         add = cost * W
         if level + add <= cap:
             allowed = True
             retry = 0
             if consume:
                 level += add
-                state = (level, now)
+                entry[1] = level
+                entry[2] = now
         else:
             allowed = False
             retry = _ceil_div(level + add - cap, N)
         reset = _ceil_div(level, N)
-        return (allowed, state, (cap - level) // W, reset, retry, now + reset)
+        if allowed and consume:
+            entry[0] = now + reset
+        return _new(Decision, (allowed, self.B, (cap - level) // W, reset / 1e6, retry / 1e6,
+                               self.rule, False))
+
+    def expires(self, entry: list[Any], now: int) -> int:
+        level = max(0, entry[1] - max(0, now - entry[2]) * self.N)
+        return now + _ceil_div(level, self.N)
 
 
 ALGORITHMS: Final[dict[str, type[Algorithm]]] = {

@@ -47,7 +47,7 @@ def check_rules(rules: Sequence[Rule], cost: int) -> tuple[Rule, ...]:
             raise ConfigError("rules", r, "every item must be a stormguard.Rule")
         out.setdefault(r.id, r)
     for r in out.values():
-        if cost != 1:
+        if cost != 1 or type(cost) is not int:
             check_cost(r, cost)
     return tuple(out.values())
 
@@ -111,3 +111,8 @@ class Store(abc.ABC):
 
     def __len__(self) -> int:
         raise TypeError(f"{type(self).__name__} cannot count its keys cheaply")
+
+    def __bool__(self) -> bool:
+        # a store is always truthy: without this, an empty MemoryStore is falsy (len 0)
+        # and ``store or MemoryStore()`` silently replaces it; a Redis store raises
+        return True

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -15,6 +15,7 @@ from stormguard.rules import Rule
 from stormguard.stores.base import Store, binding, check_cost, check_rules, key_error
 
 __all__ = ["MemoryStore"]
+
 
 DEFAULT_MAX_KEYS = 100_000
 _SWEEP_INTERVAL_US = 1_000_000
@@ -37,8 +38,16 @@ class MemoryStore(Store):
         self.clock = clock if clock is not None else system_clock
         self.max_keys = max_keys
         self._wall = self.clock.wall
+        wall_ns = getattr(self.clock, "wall_ns", None)
+        self._wall_ns: Callable[[], int] = (
+            wall_ns if wall_ns is not None else (lambda: int(self._wall() * 1e6 + 0.5) * 1000))
         self._data: OrderedDict[tuple[str, str], list[Any]] = OrderedDict()
+        # entry = [expires_at_us, *algorithm state] (see stormguard.algorithms)
+        self._get = self._data.get
+        self._touch = self._data.move_to_end
         self._lock = threading.Lock()
+        self._acquire = self._lock.acquire
+        self._release = self._lock.release
         self._last_sweep = -_SWEEP_INTERVAL_US
         self.evictions = 0
         """Keys evicted (not expired) because the store was full."""
@@ -55,74 +64,76 @@ class MemoryStore(Store):
         return cls(**options)
 
     def _now(self) -> int:
-        return int(self._wall() * 1_000_000 + 0.5)
-
-    def _decide(self, key: str, rule: Rule, cost: int, consume: bool) -> Decision:
-        if type(key) is not str:
-            raise key_error(key)
-        if cost != 1:
-            check_cost(rule, cost)
-        now = int(self._wall() * 1_000_000 + 0.5)
-        k = (rule._id, key)
-        data = self._data
-        with self._lock:
-            entry = data.get(k)
-            if entry is None:
-                allowed, state, remaining, reset, retry, exp = rule._algo.decide(
-                    None, now, cost, consume)
-                if allowed and consume:
-                    if len(data) >= self.max_keys:
-                        self._make_room(now)
-                    data[k] = [state, exp]
-            else:
-                allowed, state, remaining, reset, retry, exp = rule._algo.decide(
-                    entry[0], now, cost, consume)
-                data.move_to_end(k)
-                if allowed and consume:
-                    entry[0] = state
-                    entry[1] = exp
-        return Decision(allowed, rule._algo.B, remaining, reset / 1e6, retry / 1e6, rule)
+        return self._wall_ns() // 1000
 
     def hit(self, key: str, rule: Rule, cost: int = 1) -> Decision:
-        return self._decide(key, rule, cost, True)
+        # The hot path: one lock, one dict lookup, one apply() that updates the entry in place.
+        if type(key) is not str:
+            raise key_error(key)
+        if cost != 1 or type(cost) is not int:
+            check_cost(rule, cost)
+        now = self._wall_ns() // 1000
+        k = (rule._id, key)
+        algo = rule._algo
+        self._acquire()
+        try:
+            entry = self._get(k)
+            if entry is None:
+                entry = algo.fresh()
+                d = algo.apply(entry, now, cost, True)
+                if d[0]:
+                    if len(self._data) >= self.max_keys:
+                        self._make_room(now, self.max_keys - 1)
+                    self._data[k] = entry
+            else:
+                d = algo.apply(entry, now, cost, True)
+                self._touch(k)
+        finally:
+            self._release()
+        return d
 
     def peek(self, key: str, rule: Rule, cost: int = 1) -> Decision:
-        return self._decide(key, rule, cost, False)
+        if type(key) is not str:
+            raise key_error(key)
+        if cost != 1 or type(cost) is not int:
+            check_cost(rule, cost)
+        now = self._now()
+        algo = rule._algo
+        with self._lock:
+            entry = self._get((rule._id, key))
+            return algo.apply(algo.fresh() if entry is None else entry, now, cost, False)
 
     def hit_all(self, key: str, rules: Sequence[Rule], cost: int = 1) -> Decision:
         if type(key) is not str:
             raise key_error(key)
         rules = check_rules(rules, cost)
         if len(rules) == 1:
-            return self._decide(key, rules[0], cost, True)
+            return self.hit(key, rules[0], cost)
         now = self._now()
         data = self._data
-        results = []
         with self._lock:
+            # first pass decides without consuming; only if every rule admits, consume all
+            entries = []
             for rule in rules:
                 k = (rule._id, key)
                 entry = data.get(k)
-                verdict = rule._algo.decide(entry[0] if entry else None, now, cost, True)
-                results.append((k, entry, verdict))
-            all_ok = all(v[0] for _, _, v in results)
-            for k, entry, v in results:
                 if entry is not None:
                     data.move_to_end(k)
-                    if all_ok:
-                        entry[0] = v[1]
-                        entry[1] = v[5]
-                elif all_ok:
-                    if len(data) >= self.max_keys:
-                        self._make_room(now)
-                    data[k] = [v[1], v[5]]
-        decisions = []
-        for rule, (_, entry, verdict) in zip(rules, results, strict=True):
-            v = verdict
-            if v[0] and not all_ok:
-                # admitted by this rule but nothing was consumed: report the unconsumed view
-                v = rule._algo.decide(entry[0] if entry else None, now, cost, False)
-            decisions.append(Decision(v[0] and all_ok, rule._algo.B, v[2], v[3] / 1e6,
-                                      v[4] / 1e6, rule))
+                entries.append((k, entry, rule._algo))
+            decisions = [algo.apply(e if e is not None else algo.fresh(), now, cost, False)
+                         for _, e, algo in entries]
+            if all(d[0] for d in decisions):
+                decisions = []
+                for k, found, algo in entries:
+                    entry = found if found is not None else algo.fresh()
+                    decisions.append(algo.apply(entry, now, cost, True))
+                    if found is None:
+                        data[k] = entry
+                if len(data) > self.max_keys:
+                    # evicts least recently used keys first: this call's keys are the most recent
+                    self._make_room(now, self.max_keys)
+            else:
+                decisions = [d if not d[0] else d.replace(allowed=False) for d in decisions]
         return binding(decisions)
 
     def reset(self, key: str, rule: Rule | Sequence[Rule]) -> None:
@@ -133,15 +144,16 @@ class MemoryStore(Store):
             for r in rules:
                 self._data.pop((r._id, key), None)
 
-    def _make_room(self, now: int) -> None:
-        """Called with the lock held when the store is full."""
+    def _make_room(self, now: int, target: int) -> None:
+        """Shrink to ``target`` keys: expired keys first, then least recently used.
+        Called with the lock held."""
         data = self._data
         if now - self._last_sweep >= _SWEEP_INTERVAL_US:
             self._last_sweep = now
-            expired = [k for k, e in data.items() if e[1] <= now]
+            expired = [k for k, e in data.items() if e[0] <= now]
             for k in expired:
                 del data[k]
-        while len(data) >= self.max_keys:
+        while len(data) > target:
             data.popitem(last=False)
             self.evictions += 1
 
@@ -154,7 +166,7 @@ class MemoryStore(Store):
         """Keys held now (expired keys are dropped first)."""
         now = self._now()
         with self._lock:
-            expired = [k for k, e in self._data.items() if e[1] <= now]
+            expired = [k for k, e in self._data.items() if e[0] <= now]
             for k in expired:
                 del self._data[k]
             return len(self._data)

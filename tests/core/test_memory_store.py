@@ -1,0 +1,122 @@
+"""MemoryStore: bounded, idle/expired keys first, len(), URLs."""
+
+from __future__ import annotations
+
+import time
+
+from stormguard import MemoryStore, RateLimiter, Rule
+from stormguard.stores.memory import DEFAULT_MAX_KEYS
+from stormguard.testing import FakeClock
+from tests.core.util import NOON
+
+
+def test_flood_of_distinct_keys_never_exceeds_max_keys_and_an_active_key_survives() -> None:
+    # An attacker rotating ids: 200,000 distinct keys into a 1,000-key store. (1,000,000
+    # keys take ~10 s on the shared CI machine; the bound is checked on every insert.)
+    clock = FakeClock(start=NOON + 1)
+    store = MemoryStore(clock=clock, max_keys=1000)
+    rule = Rule(limit=50, window=3600, algorithm="fixed_window")
+    bot = Rule(limit=50, window=3600, algorithm="sliding_window_log")
+    hit = store.hit
+    active_admitted = 0
+    for i in range(200_000):
+        hit(f"ip:{i}", rule)
+        if i % 100 == 0:
+            active_admitted += hit("active", bot).allowed
+            assert len(store._data) <= 1000
+        if i % 1000 == 0:
+            clock.advance(0.01)
+    assert len(store) == 1000
+    assert active_admitted == 50  # 2,000 tries: its counter was never evicted and reset
+    assert store.evictions == 200_000 + 1 - 1000
+
+
+def test_default_max_keys_bounds_a_flood() -> None:
+    assert DEFAULT_MAX_KEYS == MemoryStore().max_keys == 100_000
+    clock = FakeClock(start=NOON + 1)
+    store = MemoryStore(clock=clock)
+    rule = Rule(limit=5, window=60, algorithm="token_bucket")
+    hit = store.hit
+    t = time.perf_counter()
+    for i in range(DEFAULT_MAX_KEYS + 50_000):
+        hit(str(i), rule)
+    elapsed = time.perf_counter() - t
+    assert len(store) == DEFAULT_MAX_KEYS
+    assert store.evictions == 50_000
+    assert store.peek(str(DEFAULT_MAX_KEYS + 49_999), rule).remaining == 4  # kept
+    assert store.peek("0", rule).remaining == 5  # the oldest went first
+    assert elapsed < 60  # not a benchmark: catches an O(n) eviction
+
+
+def test_expired_keys_go_before_live_idle_ones() -> None:
+    clock = FakeClock(start=NOON + 1)
+    store = MemoryStore(clock=clock, max_keys=10)
+    long = Rule(limit=5, window=3600, algorithm="fixed_window")
+    short = Rule(limit=5, window=1, algorithm="sliding_window_counter")
+    for i in range(5):
+        store.hit(f"long:{i}", long)  # oldest: first in line for LRU eviction
+    for i in range(5):
+        store.hit(f"short:{i}", short)
+    clock.advance(5)  # the short keys expire (2 windows); the long ones are idle but live
+    for i in range(5):
+        store.hit(f"new:{i}", long)
+    assert store.evictions == 0
+    assert len(store) == 10
+    for i in range(5):
+        assert store.peek(f"long:{i}", long).remaining == 4  # remembered
+
+
+def test_len_drops_expired_keys_and_reset_and_clear_remove() -> None:
+    clock = FakeClock(start=NOON + 1)
+    store = MemoryStore(clock=clock)
+    rule = Rule(limit=3, window=10, algorithm="sliding_window_log")
+    bucket = Rule(limit=1, window=2, burst=4, algorithm="leaky_bucket")
+    store.hit("a", rule)
+    store.hit("b", rule)
+    store.hit("a", bucket)  # one key per (key, rule)
+    assert len(store) == 3
+    store.peek("c", rule)
+    assert len(store) == 3  # peek stores nothing
+    for _ in range(4):
+        store.hit("d", bucket)
+    store.hit("d", bucket)  # denied: stores nothing new
+    assert len(store) == 4
+    store.reset("b", rule)
+    assert len(store) == 3
+    clock.advance(2)  # a's bucket (one unit, drains 0.5/s) is empty after 2 s
+    assert len(store) == 2
+    clock.advance(6)  # d's bucket (4 units) empties at 8 s
+    assert len(store) == 1
+    clock.advance(2)  # the log entry leaves at exactly 10 s
+    assert len(store) == 0
+    store.hit("e", rule)
+    store.clear()
+    assert len(store) == 0
+
+
+def test_memory_url_works_with_the_real_clock() -> None:
+    limiter = RateLimiter("memory://")
+    rule = Rule.parse("1/hour")
+    assert limiter.hit("user:42", rule).allowed
+    d = limiter.hit("user:42", rule)
+    assert not d.allowed
+    assert 0 < d.retry_after <= 7200  # limit 1: the previous window weighs until its end
+    assert isinstance(limiter.store, MemoryStore)
+    assert len(limiter.store) == 1
+    clock = FakeClock(start=NOON)
+    limiter = RateLimiter("memory://?max_keys=3", clock=clock)
+    assert limiter.store.clock is clock
+    assert limiter.store.max_keys == 3  # type: ignore[attr-defined]
+    for i in range(10):
+        limiter.hit(str(i), rule)
+    assert len(limiter.store) == 3
+    assert repr(limiter).startswith("RateLimiter(MemoryStore(max_keys=3")
+
+
+def test_an_empty_store_is_truthy() -> None:
+    # Regression: __len__ made an empty MemoryStore falsy, so `store or MemoryStore()`
+    # silently replaced a configured store (and bool() on other stores raised TypeError).
+    store = MemoryStore(max_keys=7)
+    assert len(store) == 0
+    assert bool(store)
+    assert (store or MemoryStore()) is store

@@ -26,7 +26,7 @@ from typing import Any
 
 from stormguard.errors import ConfigError
 from stormguard.limiter import AsyncRateLimiter, RateLimiter
-from stormguard.ruleset import CheckResult, RequestAttrs, RuleSet, RuleSpec, check_flow, run_async
+from stormguard.ruleset import CheckResult, RequestAttrs, RuleSet, RuleSpec, acheck_plan
 
 __all__ = ["ClientIP", "RateLimitMiddleware", "Scope", "WSGIRateLimitMiddleware"]
 
@@ -160,7 +160,7 @@ class RateLimitMiddleware(_Base):
         if not plan:
             await self.app(scope, receive, send)
             return
-        result = await run_async(self.limiter, check_flow(plan))
+        result = await acheck_plan(self.limiter, plan)
         headers = [(k.lower().encode(), v.encode()) for k, v in result.headers().items()]
         if not result.allowed:
             body = _body(result)

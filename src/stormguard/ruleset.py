@@ -61,6 +61,9 @@ __all__ = [
     "RuleSet",
     "RuleSpec",
     "RulesError",
+    "acheck_plan",
+    "check_flow",
+    "check_plan",
 ]
 
 SCOPES = ("user", "api_key", "ip", "global")
@@ -417,12 +420,12 @@ class RuleSet:
 
     def check(self, limiter: RateLimiter, attrs: RequestAttrs, cost: int = 1) -> CheckResult:
         """Check (and consume) a request against every matching rule."""
-        return run_sync(limiter, check_flow(self.plan(attrs), cost))
+        return check_plan(limiter, self.plan(attrs), cost)
 
     async def acheck(self, limiter: AsyncRateLimiter | RateLimiter, attrs: RequestAttrs,
                      cost: int = 1) -> CheckResult:
         """:meth:`check` for the async limiter (a blocking one is called directly)."""
-        return await run_async(limiter, check_flow(self.plan(attrs), cost))
+        return await acheck_plan(limiter, self.plan(attrs), cost)
 
 
 @dataclass(slots=True)
@@ -465,7 +468,8 @@ class CheckResult:
 
 
 # A step asks the driver for one store call: (consume, key, rules, cost).
-# consume=True -> limiter.hit_all(key, rules, cost); False -> limiter.peek(key, rules[0], cost)
+# consume=True -> limiter.hit_all(key, rules, cost) (hit for one rule);
+# consume=False -> limiter.peek(key, rules[0], cost)
 Step = tuple[bool, str, tuple[Rule, ...], int]
 Flow = Generator[Step, Decision, CheckResult]
 
@@ -514,38 +518,59 @@ def check_flow(matched: Sequence[tuple[str, RuleSpec]], cost: int = 1) -> Flow:
     return CheckResult(True, final, False, shadow_denied, degraded, names)
 
 
-def check_key_flow(key: str, spec: RuleSpec, cost: int = 1) -> Flow:
-    """The flow for an explicit ``(key, rule)`` check."""
-    return check_flow([(key, spec)], cost)
+Plan = Sequence[tuple[str, RuleSpec]]
 
 
-def run_sync(limiter: RateLimiter, flow: Flow) -> CheckResult:
-    """Drive a check flow with a blocking limiter."""
+def check_plan(limiter: RateLimiter, plan: Plan, cost: int = 1) -> CheckResult:
+    """Check a request's matched ``(key, rule)`` pairs with a blocking limiter."""
+    if len(plan) == 1 and not plan[0][1].shadow:  # the common case, without the flow
+        key, spec = plan[0]
+        d = limiter.hit(key, spec.rule, cost)
+        return CheckResult(d.allowed, d, False, [], d.degraded, [spec.name])
+    return run_sync(limiter, check_flow(plan, cost))
+
+
+async def acheck_plan(limiter: AsyncRateLimiter | RateLimiter, plan: Plan,
+                      cost: int = 1) -> CheckResult:
+    """:func:`check_plan` for an async limiter (a blocking one is called directly)."""
+    from stormguard.limiter import AsyncRateLimiter
+
+    if not isinstance(limiter, AsyncRateLimiter):
+        return check_plan(limiter, plan, cost)
+    if len(plan) == 1 and not plan[0][1].shadow:
+        key, spec = plan[0]
+        d = await limiter.hit(key, spec.rule, cost)
+        return CheckResult(d.allowed, d, False, [], d.degraded, [spec.name])
+    flow = check_flow(plan, cost)
     try:
-        consume, key, rules, cost = next(flow)
+        step = next(flow)
         while True:
-            d = limiter.hit_all(key, rules, cost) if consume else \
-                limiter.peek(key, rules[0], cost)
-            consume, key, rules, cost = flow.send(d)
+            consume, key, rules, cost = step
+            if not consume:
+                d = await limiter.peek(key, rules[0], cost)
+            elif len(rules) == 1:
+                d = await limiter.hit(key, rules[0], cost)
+            else:
+                d = await limiter.hit_all(key, rules, cost)
+            step = flow.send(d)
     except StopIteration as stop:
         result: CheckResult = stop.value
         return result
 
 
-async def run_async(limiter: AsyncRateLimiter | RateLimiter, flow: Flow) -> CheckResult:
-    """Drive a check flow with an async limiter (or a blocking one, called directly)."""
-    from stormguard.limiter import AsyncRateLimiter
-
-    if not isinstance(limiter, AsyncRateLimiter):
-        return run_sync(limiter, flow)
+def run_sync(limiter: RateLimiter, flow: Flow) -> CheckResult:
+    """Drive a check flow with a blocking limiter."""
     try:
-        consume, key, rules, cost = next(flow)
+        step = next(flow)
         while True:
-            if consume:
-                d = await limiter.hit_all(key, rules, cost)
+            consume, key, rules, cost = step
+            if not consume:
+                d = limiter.peek(key, rules[0], cost)
+            elif len(rules) == 1:
+                d = limiter.hit(key, rules[0], cost)
             else:
-                d = await limiter.peek(key, rules[0], cost)
-            consume, key, rules, cost = flow.send(d)
+                d = limiter.hit_all(key, rules, cost)
+            step = flow.send(d)
     except StopIteration as stop:
         result: CheckResult = stop.value
         return result

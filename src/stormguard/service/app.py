@@ -7,6 +7,7 @@ the limiter's.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hmac
 import json
 import os
@@ -20,6 +21,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from stormguard.errors import ConfigError, StorageError
 from stormguard.limiter import AsyncRateLimiter, RateLimiter
@@ -29,8 +31,7 @@ from stormguard.ruleset import (
     RulesError,
     RuleSet,
     RuleSpec,
-    check_flow,
-    run_async,
+    acheck_plan,
 )
 from stormguard.service.metrics import CONTENT_TYPE_LATEST, Metrics
 from stormguard.service.openapi import openapi_document
@@ -42,7 +43,7 @@ from stormguard.service.sources import (
     VersionConflict,
 )
 
-__all__ = ["MAX_BATCH", "MAX_BODY", "ApiError", "Service", "create_app"]
+__all__ = ["MAX_BATCH", "MAX_BODY", "ApiError", "Service", "ServiceApp", "create_app"]
 
 MAX_BODY = 64 * 1024
 MAX_BATCH = 1000
@@ -65,9 +66,12 @@ class ApiError(Exception):
         self.headers = dict(headers or {})
         self.extra = extra
 
-    def response(self) -> Response:
+    def body(self) -> bytes:
         body = {"error": self.message, "status": self.status, **self.extra}
-        return _json(body, self.status, self.headers)
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+    def response(self) -> Response:
+        return Response(self.body(), self.status, self.headers, _JSON)
 
 
 def _json(body: object, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
@@ -75,28 +79,71 @@ def _json(body: object, status: int = 200, headers: Mapping[str, str] | None = N
     return Response(data.encode(), status, headers, _JSON)
 
 
-async def _read_json(request: Request) -> Any:
-    """The request body as JSON; 413 past 64 KiB (enforced while reading), 400 if malformed."""
-    length = request.headers.get("content-length")
+def _header(scope: Mapping[str, Any], name: bytes) -> bytes | None:
+    for k, v in scope.get("headers") or ():
+        if k == name:
+            value: bytes = v
+            return value
+    return None
+
+
+async def _read_body(scope: Mapping[str, Any], receive: Any) -> bytes:
+    """The request body; 413 past 64 KiB (checked on Content-Length and while reading)."""
+    length = _header(scope, b"content-length")
     if length is not None:
         if not length.strip().isdigit():
             raise ApiError(400, f"invalid Content-Length {length[:40]!r}")
         if int(length) > MAX_BODY:
             raise ApiError(413, f"body is larger than {MAX_BODY} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY:
+    body = b""
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise ApiError(400, "client disconnected before sending the body")
+        chunk: bytes = message.get("body", b"")
+        body += chunk
+        if len(body) > MAX_BODY:
             raise ApiError(413, f"body is larger than {MAX_BODY} bytes")
-        chunks.append(chunk)
-    body = b"".join(chunks)
+        if not message.get("more_body", False):
+            return body
+
+
+def _loads(body: bytes) -> Any:
+    """Parse JSON; 400 naming the problem when malformed."""
     if not body.strip():
         raise ApiError(400, "malformed JSON: the body is empty")
     try:
         return json.loads(body)
     except (ValueError, RecursionError) as exc:
         raise ApiError(400, f"malformed JSON: {exc}"[:300]) from None
+
+
+async def _read_json(request: Request) -> Any:
+    return _loads(await _read_body(request.scope, request.receive))
+
+
+@functools.lru_cache(maxsize=4096)
+def _jstr(text: str | None) -> str:
+    return json.dumps(text)
+
+
+def _names(names: list[str]) -> str:
+    return "[" + ",".join(_jstr(n) for n in names) + "]" if names else "[]"
+
+
+def result_json(result: CheckResult) -> bytes:
+    """``CheckResult.to_dict()`` as JSON, formatted directly (the hot path of /v1/check)."""
+    d = result.decision
+    tail = (f'"degraded":{"true" if result.degraded else "false"},'
+            f'"shadow_denied":{_names(result.shadow_denied)},"rules":{_names(result.rules)}}}')
+    if d is None:
+        return ('{"allowed":true,"limit":null,"remaining":null,"reset_after":0.0,'
+                '"retry_after":0.0,"rule":null,"shadow":false,' + tail).encode()
+    rule = d.rule.name if d.rule is not None else None
+    return (f'{{"allowed":{"true" if result.allowed else "false"},"limit":{d.limit},'
+            f'"remaining":{d.remaining},"reset_after":{round(d.reset_after, 6)!r},'
+            f'"retry_after":{round(d.retry_after, 6)!r},"rule":{_jstr(rule)},'
+            f'"shadow":{"true" if result.shadow else "false"},' + tail).encode()
 
 
 class _Check:
@@ -201,23 +248,34 @@ class Service:
     async def _run(self, c: _Check) -> CheckResult:
         t0 = time.perf_counter()
         if c.spec is not None and c.key is not None:
-            flow = check_flow([(c.key, c.spec)], c.cost)
+            plan = [(c.key, c.spec)]
         else:
             assert c.attrs is not None
-            flow = check_flow(self.source.current.plan(c.attrs), c.cost)
+            plan = self.source.current.plan(c.attrs)
         try:
-            result = await run_async(self.limiter, flow)
+            result = await acheck_plan(self.limiter, plan, c.cost)
         except ConfigError as exc:  # cost over a rule's capacity
             raise ApiError(422, str(exc), field=exc.field) from None
         self.metrics.record(result, time.perf_counter() - t0)
         return result
 
-    async def check(self, request: Request) -> Response:
-        if not self._started:
-            await self.start()
-        c = _parse_check(await _read_json(request), self.source.current)
-        result = await self._run(c)
-        return _json(result.to_dict(), 200, result.headers())
+    async def check(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST /v1/check`` as a raw ASGI handler (the hot path skips the router)."""
+        headers: list[tuple[bytes, bytes]]
+        try:
+            if not self._started:
+                await self.start()
+            c = _parse_check(_loads(await _read_body(scope, receive)), self.source.current)
+            result = await self._run(c)
+            status, body = 200, result_json(result)
+            headers = [(k.lower().encode(), v.encode()) for k, v in result.headers().items()]
+        except ApiError as exc:
+            status, body = exc.status, exc.body()
+            headers = [(k.lower().encode(), v.encode("latin-1")) for k, v in exc.headers.items()]
+        headers.append((b"content-type", b"application/json"))
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
     async def check_batch(self, request: Request) -> Response:
         if not self._started:
@@ -378,7 +436,7 @@ def create_app(limiter: AsyncRateLimiter | RateLimiter | None = None,
                rules_url: str | None = None,
                rules_prefix: str = "stormguard",
                poll_interval: float | None = None,
-               metrics: Metrics | None = None) -> Starlette:
+               metrics: Metrics | None = None) -> ServiceApp:
     """Build the service app.
 
     * ``limiter``: an :class:`AsyncRateLimiter` (or a blocking :class:`RateLimiter` over a
@@ -416,8 +474,9 @@ def create_app(limiter: AsyncRateLimiter | RateLimiter | None = None,
         source = MemoryRules(initial)
     service = Service(limiter, source, admin_token, metrics or Metrics())
     s = service
+    check_endpoint = _RawEndpoint(service.check)
     routes = [
-        Route("/v1/check", _handle(s.check), methods=["POST"]),
+        Route("/v1/check", check_endpoint, methods=["POST"]),  # 405 for other methods
         Route("/v1/check/batch", _handle(s.check_batch), methods=["POST"]),
         Route("/v1/rules", _handle(s.get_rules), methods=["GET"]),
         Route("/v1/rules", _handle(s.put_rules), methods=["PUT"]),
@@ -432,4 +491,32 @@ def create_app(limiter: AsyncRateLimiter | RateLimiter | None = None,
     app = Starlette(routes=routes, lifespan=service.lifespan,
                     exception_handlers={HTTPException: _http_error, Exception: _http_error})
     app.state.service = service
-    return app
+    return ServiceApp(app, service)
+
+
+class _RawEndpoint:
+    """A raw ASGI handler as a Starlette route endpoint (a class instance, not a function,
+    so Starlette calls it with scope/receive/send)."""
+
+    def __init__(self, handler: Any) -> None:
+        self.handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.handler(scope, receive, send)
+
+
+class ServiceApp:
+    """The service's ASGI app: ``POST /v1/check`` straight to its handler, everything else
+    through the Starlette app (``.starlette``); ``.state.service`` is the :class:`Service`."""
+
+    def __init__(self, starlette: Starlette, service: Service) -> None:
+        self.starlette = starlette
+        self.service = service
+        self.state = starlette.state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/v1/check" \
+                and scope["method"] == "POST":
+            await self.service.check(scope, receive, send)
+        else:
+            await self.starlette(scope, receive, send)

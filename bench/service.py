@@ -12,7 +12,7 @@ with 64 connections for ``--duration`` seconds after a 2 s warm-up:
   ``stormguard.stores.redis`` exists);
 * ``bare+middleware``: the bare app behind ``RateLimitMiddleware`` (memory store);
 * ``service/memory @ half``: /v1/check paced at half of its measured maximum
-  (wrk's per-connection ``delay()``), to read p99 at half load.
+  (wrk's per-connection ``delay()``, random with the right mean), to read p99 at half load.
 
 It also measures in-process the added CPU cost per request of the ASGI middleware
 (calling the ASGI app directly, no sockets). Prints requests/s, p50/p99 and ratios.
@@ -75,7 +75,9 @@ CHECK_LUA = textwrap.dedent('''
       return wrk.format(nil, "/v1/check", nil,
         '{"key":"user:' .. (i % 1000) .. '","rule":"bench"}')
     end
-    if d > 0 then delay = function() return d end end
+    -- pacing: a uniformly random pause (mean d ms) before each request, so the 64
+    -- connections do not fire in lockstep bursts (arrivals spread like independent users)
+    if d > 0 then delay = function() return math.random() * 2 * d end end
 ''')
 
 GET_LUA = textwrap.dedent('''

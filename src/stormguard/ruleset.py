@@ -56,6 +56,7 @@ __all__ = [
     "FIELDS",
     "SCOPES",
     "CheckResult",
+    "Plan",
     "RequestAttrs",
     "RuleProblem",
     "RuleSet",

@@ -93,6 +93,14 @@ async def test_batch(client: httpx.AsyncClient) -> None:
     # nothing was consumed by the refused batch
     r = await client.post("/v1/check", json={"key": "a", "rule": "search"})
     assert r.json()["remaining"] == 2
+    # a cost no rule can admit, late in the batch: refused whole, nothing consumed
+    r = await client.post("/v1/check/batch", json={"checks": [
+        {"key": "c", "rule": "search"}, {"user": "c", "method": "GET", "path": "/search",
+                                         "cost": 4}]})
+    assert r.status_code == 422
+    assert r.json()["field"] == "checks[1].cost"
+    r = await client.post("/v1/check", json={"key": "user:c", "rule": "search"})
+    assert r.json()["remaining"] == 2
     r = await client.post("/v1/check/batch", json={"checks": [{}] * 1001})
     assert r.status_code == 422
     r = await client.post("/v1/check/batch", json=[])

@@ -7,6 +7,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -151,13 +152,17 @@ async def test_put_replaces_whole_set(admin: httpx.AsyncClient) -> None:
     assert (r1.json()["allowed"], r2.json()["allowed"]) == (True, False)
 
 
+def _file_app(path: Path, clock: FakeClock) -> Any:
+    """An app whose rules live in ``path`` (not polled: tests refresh explicitly)."""
+    return create_app(AsyncRateLimiter(MemoryStore(clock=clock)), rules_path=path,
+                      admin_token=TOKEN, poll_interval=0)
+
+
 async def test_memory_store_persists_to_the_rules_file_atomically(
         tmp_path: Path, clock: FakeClock) -> None:
     path = tmp_path / "rules.yaml"
     path.write_text(yaml.safe_dump({"rules": RULES}))
-    app = create_app(AsyncRateLimiter(MemoryStore(clock=clock)), rules_path=path,
-                     admin_token=TOKEN, poll_interval=0)
-    async with _client(app) as c:
+    async with _client(_file_app(path, clock)) as c:
         r = await c.put("/v1/rules/burst", headers=AUTH, json=NEW_RULE)
         assert r.status_code == 201
     on_disk = RuleSet.load(path)
@@ -165,9 +170,7 @@ async def test_memory_store_persists_to_the_rules_file_atomically(
     assert [x.name for x in on_disk] == ["search", "per-ip", "dry", "burst"]
     assert os.listdir(tmp_path) == ["rules.yaml"]  # no temp files left
     # a restarted instance reads the same rules and version
-    app2 = create_app(AsyncRateLimiter(MemoryStore(clock=clock)), rules_path=path,
-                      admin_token=TOKEN, poll_interval=0)
-    async with _client(app2) as c:
+    async with _client(_file_app(path, clock)) as c:
         r = await c.get("/v1/rules", headers=AUTH)
         assert r.headers["etag"] == '"1"'
         assert len(r.json()["rules"]) == 4
@@ -177,9 +180,7 @@ async def test_rules_file_edit_is_picked_up_and_invalid_edit_refused(
         tmp_path: Path, clock: FakeClock) -> None:
     path = tmp_path / "rules.yaml"
     path.write_text(yaml.safe_dump({"rules": RULES}))
-    app = create_app(AsyncRateLimiter(MemoryStore(clock=clock)), rules_path=path,
-                     admin_token=TOKEN, poll_interval=0)
-    source = app.state.service.source
+    source = _file_app(path, clock).state.service.source
     path.write_text(yaml.safe_dump({"rules": [*RULES, {"name": "new", **NEW_RULE}]}))
     assert await source.refresh()
     assert "new" in source.current

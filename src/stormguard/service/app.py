@@ -27,6 +27,7 @@ from stormguard.errors import ConfigError, StorageError
 from stormguard.limiter import AsyncRateLimiter, RateLimiter
 from stormguard.ruleset import (
     CheckResult,
+    Plan,
     RequestAttrs,
     RulesError,
     RuleSet,
@@ -42,6 +43,7 @@ from stormguard.service.sources import (
     RulesSource,
     VersionConflict,
 )
+from stormguard.stores.base import check_cost
 
 __all__ = ["MAX_BATCH", "MAX_BODY", "ApiError", "Service", "ServiceApp", "create_app"]
 
@@ -245,17 +247,26 @@ class Service:
             await self.stop()
 
     # -- checks ----------------------------------------------------------------------------
-    async def _run(self, c: _Check) -> CheckResult:
-        t0 = time.perf_counter()
+    @staticmethod
+    def _plan(c: _Check, rules: RuleSet, where: str = "") -> Plan:
+        """The ``(key, rule)`` pairs of a check; a cost above any of their capacities is
+        a 422 here, before anything is consumed (a batch is refused whole)."""
         if c.spec is not None and c.key is not None:
-            plan = [(c.key, c.spec)]
+            plan: Plan = [(c.key, c.spec)]
         else:
             assert c.attrs is not None
-            plan = self.source.current.plan(c.attrs)
-        try:
-            result = await acheck_plan(self.limiter, plan, c.cost)
-        except ConfigError as exc:  # cost over a rule's capacity
-            raise ApiError(422, str(exc), field=exc.field) from None
+            plan = rules.plan(c.attrs)
+        if c.cost != 1:
+            for _, spec in plan:
+                try:
+                    check_cost(spec.rule, c.cost)
+                except ConfigError as exc:
+                    raise ApiError(422, f"{where}{exc}", field=f"{where}cost") from None
+        return plan
+
+    async def _run(self, plan: Plan, cost: int) -> CheckResult:
+        t0 = time.perf_counter()
+        result = await acheck_plan(self.limiter, plan, cost)
         self.metrics.record(result, time.perf_counter() - t0)
         return result
 
@@ -265,8 +276,9 @@ class Service:
         try:
             if not self._started:
                 await self.start()
-            c = _parse_check(_loads(await _read_body(scope, receive)), self.source.current)
-            result = await self._run(c)
+            rules = self.source.current
+            c = _parse_check(_loads(await _read_body(scope, receive)), rules)
+            result = await self._run(self._plan(c, rules), c.cost)
             status, body = 200, result_json(result)
             headers = [(k.lower().encode(), v.encode()) for k, v in result.headers().items()]
         except ApiError as exc:
@@ -287,8 +299,11 @@ class Service:
         if len(items) > MAX_BATCH:
             raise ApiError(422, f"checks: at most {MAX_BATCH} checks per batch", field="checks")
         rules = self.source.current
-        parsed = [_parse_check(item, rules, f"checks[{i}].") for i, item in enumerate(items)]
-        results = [(await self._run(c)).to_dict() for c in parsed]
+        plans = []
+        for i, item in enumerate(items):
+            c = _parse_check(item, rules, f"checks[{i}].")
+            plans.append((self._plan(c, rules, f"checks[{i}]."), c.cost))
+        results = [(await self._run(plan, cost)).to_dict() for plan, cost in plans]
         return _json({"results": results})
 
     # -- control plane ---------------------------------------------------------------------

@@ -1,0 +1,169 @@
+"""The OpenAPI 3.1 document of the service (written by hand: it is the contract)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from stormguard.ruleset import SCOPES
+
+__all__ = ["openapi_document"]
+
+_STR_OR_NULL = {"type": ["string", "null"]}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
+def _answer(description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"description": description}
+    if schema is not None:
+        out["content"] = {"application/json": {"schema": schema}}
+    return out
+
+
+_ERRORS = {
+    "400": _answer("Malformed JSON", _ref("Error")),
+    "413": _answer("Body larger than 64 KiB", _ref("Error")),
+    "422": _answer("Invalid field (the message names it)", _ref("Error")),
+}
+_ADMIN_ERRORS = {
+    "401": _answer("Missing or wrong bearer token", _ref("Error")),
+    "403": _answer("Control plane disabled (no STORMGUARD_ADMIN_TOKEN)", _ref("Error")),
+    "412": _answer("If-Match does not name the current version", _ref("Error")),
+    "503": _answer("Rules storage unavailable", _ref("Error")),
+}
+_IF_MATCH = {"name": "If-Match", "in": "header", "required": False,
+             "description": 'The ETag ("<version>") the edit is based on',
+             "schema": {"type": "string"}}
+_NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+@functools.cache
+def _document() -> dict[str, Any]:
+    rule = {
+        "type": "object",
+        "required": ["name", "scope", "limit", "window"],
+        "additionalProperties": False,
+        "properties": {
+            "name": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.\\-]{0,63}$"},
+            "scope": {"enum": list(SCOPES)},
+            "endpoint": {**_STR_OR_NULL, "examples": ["GET /search*"]},
+            "tier": _STR_OR_NULL,
+            "limit": {"type": "integer", "minimum": 1},
+            "window": {"type": ["number", "string"], "examples": [60, "1m"]},
+            "algorithm": {"enum": ["fixed_window", "sliding_window_log",
+                                   "sliding_window_counter", "token_bucket", "gcra",
+                                   "leaky_bucket"]},
+            "burst": {"type": ["integer", "null"], "minimum": 1},
+            "shadow": {"type": "boolean"},
+        },
+    }
+    check = {
+        "type": "object",
+        "additionalProperties": False,
+        "description": "Either key + rule, or request attributes that the rules match.",
+        "properties": {
+            "key": {"type": "string", "minLength": 1, "maxLength": 4096},
+            "rule": {"type": "string"},
+            "user": _STR_OR_NULL, "api_key": _STR_OR_NULL, "ip": _STR_OR_NULL,
+            "method": _STR_OR_NULL, "path": _STR_OR_NULL, "tier": _STR_OR_NULL,
+            "cost": {"type": "integer", "minimum": 1, "default": 1},
+        },
+    }
+    result = {
+        "type": "object",
+        "required": ["allowed", "limit", "remaining", "reset_after", "retry_after", "rule",
+                     "shadow", "degraded"],
+        "properties": {
+            "allowed": {"type": "boolean"},
+            "limit": {"type": ["integer", "null"]},
+            "remaining": {"type": ["integer", "null"]},
+            "reset_after": {"type": "number"},
+            "retry_after": {"type": "number"},
+            "rule": _STR_OR_NULL,
+            "shadow": {"type": "boolean", "description": "the answer came from a shadow rule"},
+            "degraded": {"type": "boolean"},
+            "shadow_denied": {"type": "array", "items": {"type": "string"}},
+            "rules": {"type": "array", "items": {"type": "string"},
+                      "description": "every rule that matched"},
+        },
+    }
+    ruleset = {"type": "object", "required": ["rules"],
+               "properties": {"version": {"type": "integer"},
+                              "rules": {"type": "array", "items": _ref("Rule")}}}
+    error = {"type": "object", "required": ["error", "status"],
+             "properties": {"error": {"type": "string"}, "status": {"type": "integer"},
+                            "field": {"type": "string"},
+                            "problems": {"type": "array", "items": {"type": "object"}}}}
+    admin: list[dict[str, list[str]]] = [{"bearer": []}]
+    etag = {"ETag": {"schema": {"type": "string"}, "description": '"<version>"'}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "stormguard rate-limit service", "version": "1"},
+        "paths": {
+            "/v1/check": {"post": {
+                "summary": "May this request pass? (consumes quota when allowed)",
+                "requestBody": _json_body(_ref("Check")),
+                "responses": {"200": _answer("The decision (also as rate-limit headers)",
+                                             _ref("CheckResult")),
+                              "404": _answer("Unknown rule", _ref("Error")), **_ERRORS}}},
+            "/v1/check/batch": {"post": {
+                "summary": "Many independent checks in one request (at most 1000)",
+                "requestBody": _json_body({"type": "object", "required": ["checks"],
+                                           "properties": {"checks": {
+                                               "type": "array", "maxItems": 1000,
+                                               "items": _ref("Check")}}}),
+                "responses": {"200": _answer("One result per check, in order", {
+                    "type": "object", "properties": {"results": {
+                        "type": "array", "items": _ref("CheckResult")}}}),
+                    "404": _answer("Unknown rule", _ref("Error")), **_ERRORS}}},
+            "/v1/rules": {
+                "get": {"summary": "The rule set and its version", "security": admin,
+                        "responses": {"200": {**_answer("Rules", _ref("RuleSet")),
+                                              "headers": etag}, **_ADMIN_ERRORS}},
+                "put": {"summary": "Replace the whole rule set atomically", "security": admin,
+                        "parameters": [_IF_MATCH], "requestBody": _json_body(_ref("RuleSet")),
+                        "responses": {"200": {**_answer("The new rules", _ref("RuleSet")),
+                                              "headers": etag}, **_ERRORS, **_ADMIN_ERRORS}},
+            },
+            "/v1/rules/{name}": {
+                "get": {"summary": "One rule", "security": admin, "parameters": [_NAME],
+                        "responses": {"200": _answer("The rule"),
+                                      "404": _answer("Unknown rule", _ref("Error")),
+                                      **_ADMIN_ERRORS}},
+                "put": {"summary": "Create or replace one rule", "security": admin,
+                        "parameters": [_NAME, _IF_MATCH], "requestBody": _json_body(_ref("Rule")),
+                        "responses": {"200": _answer("Replaced"), "201": _answer("Created"),
+                                      **_ERRORS, **_ADMIN_ERRORS}},
+                "delete": {"summary": "Delete one rule", "security": admin,
+                           "parameters": [_NAME, _IF_MATCH],
+                           "responses": {"200": _answer("Deleted"),
+                                         "404": _answer("Unknown rule", _ref("Error")),
+                                         **_ADMIN_ERRORS}},
+            },
+            "/healthz": {"get": {"summary": "The process is up",
+                                 "responses": {"200": _answer("ok")}}},
+            "/readyz": {"get": {"summary": "The store answers",
+                                "responses": {"200": _answer("ready"),
+                                              "503": _answer("store unreachable")}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics",
+                                 "responses": {"200": {"description": "text format",
+                                                       "content": {"text/plain": {}}}}}},
+        },
+        "components": {
+            "schemas": {"Rule": rule, "Check": check, "CheckResult": result,
+                        "RuleSet": ruleset, "Error": error},
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+
+
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI document served at ``/openapi.json``."""
+    return _document()

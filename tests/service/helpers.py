@@ -1,0 +1,44 @@
+"""Shared test helpers for the service tests."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from stormguard import Decision, Rule, StorageError, Store
+from stormguard.testing import FakeClock
+
+RULES = [
+    {"name": "search", "scope": "user", "endpoint": "GET /search*", "limit": 3, "window": 60,
+     "algorithm": "fixed_window"},
+    {"name": "per-ip", "scope": "ip", "limit": 100, "window": 60},
+    {"name": "dry", "scope": "api_key", "limit": 1, "window": 60, "shadow": True},
+]
+TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+class DownStore(Store):
+    """A store whose backend is down: every call raises StorageError."""
+
+    def __init__(self) -> None:
+        self.clock = FakeClock()
+        self.calls = 0
+
+    def _fail(self) -> StorageError:
+        self.calls += 1
+        return StorageError("backend down (test)")
+
+    def hit(self, key: str, rule: Rule, cost: int = 1) -> Decision:
+        raise self._fail()
+
+    def peek(self, key: str, rule: Rule, cost: int = 1) -> Decision:
+        raise self._fail()
+
+    def hit_all(self, key: str, rules: Sequence[Rule], cost: int = 1) -> Decision:
+        raise self._fail()
+
+    def reset(self, key: str, rule: Rule | Sequence[Rule]) -> None:
+        raise self._fail()
+
+    def ping(self) -> bool:
+        raise self._fail()

@@ -187,3 +187,16 @@ def test_store_retry_after_in_float_seconds_is_exact_to_the_millisecond(
             clock.advance(d.retry_after)
         assert limiter.peek("k", rule, cost).allowed
         assert dict(store._data) == saved  # peeks wrote nothing
+
+
+@EXAMPLES
+@given(setups())
+def test_remaining_is_exactly_what_can_still_be_admitted_now(
+        setup: tuple[str, int, int, int, list[tuple[int, int]]]) -> None:
+    algo = make(*setup[:4])
+    for now, _, before, verdict in replay(algo, setup[4]):
+        state = verdict[1] if verdict[0] else before
+        for _ in range(verdict[2]):
+            ok, state, *_ = algo.decide(state, now, 1, True)
+            assert ok
+        assert not algo.decide(state, now, 1, True)[0]

@@ -15,7 +15,7 @@ from stormguard.algorithms import Algorithm, Gcra, LeakyBucket, TokenBucket
 from stormguard.testing import FakeClock
 from tests.core.util import ALGORITHMS, NOON
 
-EXAMPLES = settings(max_examples=100, deadline=None)
+EXAMPLES = settings(max_examples=80, deadline=None)
 
 # epoch microseconds near 2026 (the magnitude real clocks give)
 T0 = int(NOON * 1_000_000)

@@ -120,3 +120,45 @@ def test_an_empty_store_is_truthy() -> None:
     assert len(store) == 0
     assert bool(store)
     assert (store or MemoryStore()) is store
+
+
+def test_random_operations_on_tiny_stores_never_crash_or_overflow() -> None:
+    # hit / hit_all / peek / reset on stores of 1..5 keys (constant eviction and sweeping)
+    # next to a roomy store: the tiny ones stay bounded, the roomy one matches a
+    # store that never evicts.
+    import random
+
+    from stormguard import ConfigError
+    from tests.core.util import ALGORITHMS
+
+    rng = random.Random(20261130)
+    for _ in range(60):
+        clock = FakeClock(start=NOON + rng.random() * 100)
+        max_keys = rng.choice([1, 2, 3, 5, 1000])
+        store = MemoryStore(clock=clock, max_keys=max_keys)
+        ref = MemoryStore(clock=clock, max_keys=10**6)
+        rules = [Rule(rng.randint(1, 5), rng.choice([0.01, 0.5, 1, 3]), algorithm=a,
+                      name=str(i)) for i, a in enumerate(rng.sample(ALGORITHMS, 3))]
+        for _ in range(150):
+            key = rng.choice("abcd")
+            op = rng.random()
+            cost = rng.randint(1, 3)
+            rule = rng.choice(rules)
+            try:
+                if op < 0.4:
+                    pair = (store.hit(key, rule, cost), ref.hit(key, rule, cost))
+                elif op < 0.6:
+                    subset = rng.sample(rules, rng.randint(1, 3))
+                    pair = (store.hit_all(key, subset, cost), ref.hit_all(key, subset, cost))
+                elif op < 0.7:
+                    store.reset(key, rule)
+                    ref.reset(key, rule)
+                    pair = (None, None)
+                else:
+                    pair = (store.peek(key, rule, cost), ref.peek(key, rule, cost))
+            except ConfigError:  # cost above a rule's capacity: raised before any write
+                continue
+            assert len(store._data) <= max_keys
+            if max_keys == 1000:
+                assert pair[0] == pair[1]
+            clock.advance(rng.choice([0, 0, 0.001, 0.01, 0.3, 2]))

@@ -7,7 +7,7 @@ import time
 from stormguard import MemoryStore, RateLimiter, Rule
 from stormguard.stores.memory import DEFAULT_MAX_KEYS
 from stormguard.testing import FakeClock
-from tests.core.util import NOON
+from tests.core.util import NOON, held
 
 
 def test_flood_of_distinct_keys_never_exceeds_max_keys_and_an_active_key_survives() -> None:
@@ -23,7 +23,7 @@ def test_flood_of_distinct_keys_never_exceeds_max_keys_and_an_active_key_survive
         hit(f"ip:{i}", rule)
         if i % 100 == 0:
             active_admitted += hit("active", bot).allowed
-            assert len(store._data) <= 1000
+            assert held(store) <= 1000
         if i % 1000 == 0:
             clock.advance(0.01)
     assert len(store) == 1000
@@ -158,7 +158,7 @@ def test_random_operations_on_tiny_stores_never_crash_or_overflow() -> None:
                     pair = (store.peek(key, rule, cost), ref.peek(key, rule, cost))
             except ConfigError:  # cost above a rule's capacity: raised before any write
                 continue
-            assert len(store._data) <= max_keys
+            assert held(store) <= max_keys
             if max_keys == 1000:
                 assert pair[0] == pair[1]
             clock.advance(rng.choice([0, 0, 0.001, 0.01, 0.3, 2]))

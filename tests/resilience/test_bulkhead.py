@@ -6,7 +6,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import pytest
@@ -218,3 +218,44 @@ def test_config_errors(kwargs: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError) as info:
         Bulkhead(**kwargs)
     assert info.value.field == field
+
+
+async def test_no_slot_leaks_under_timeouts_cancellations_and_threads() -> None:
+    """A storm of waiting, timing-out and cancelled callers: the limit holds, every slot returns."""
+    bh = Bulkhead(max_concurrent=3, max_wait=0.01)
+    gauge = Gauge()
+
+    def sync_work() -> None:
+        gauge.enter()
+        time.sleep(0.001)
+        gauge.leave()
+
+    async def async_work() -> None:
+        gauge.enter()
+        try:
+            await asyncio.sleep(0.002)
+        finally:
+            gauge.leave()
+
+    def thread_worker() -> None:
+        for _ in range(20):
+            with suppress(BulkheadFull):
+                bh.call(sync_work)
+
+    threads = [threading.Thread(target=thread_worker) for _ in range(3)]
+    for t in threads:
+        t.start()
+    tasks = [asyncio.ensure_future(bh.acall(async_work)) for _ in range(60)]
+    await asyncio.sleep(0.003)
+    for task in tasks[::4]:
+        task.cancel()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert "CancelledError" in {type(r).__name__ for r in results}
+    for t in threads:
+        t.join()
+    assert gauge.peak <= 3
+    assert gauge.done > 0
+    assert all(r is None or isinstance(r, BulkheadFull | asyncio.CancelledError)
+               for r in results)
+    assert (bh.in_flight, bh.waiting) == (0, 0)
+    assert [await bh.acall(async_work) for _ in range(3)] == [None] * 3

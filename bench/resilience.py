@@ -38,8 +38,8 @@ from stormguard import (
 )
 
 QUICK = "--quick" in sys.argv
-N = 20_000 if QUICK else 50_000
-ROUNDS = 5 if QUICK else 9
+N = 5_000 if QUICK else 10_000
+ROUNDS = 8 if QUICK else 25
 
 
 def f(x: int) -> int:

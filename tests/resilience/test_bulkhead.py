@@ -124,7 +124,7 @@ def test_max_wait_zero_rejects_at_once(clock: FakeClock) -> None:
         began = time.monotonic()
         with pytest.raises(BulkheadFull):
             bh.call(int)
-        assert time.monotonic() - began < 0.05
+        assert time.monotonic() - began < 0.25  # no waiting (the holder keeps it 5 s)
     assert bh.call(int) == 0
     assert [(type(e), e.max_concurrent, e.waited) for e in events] == [
         (BulkheadRejected, 1, 0.0)]

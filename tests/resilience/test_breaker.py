@@ -373,7 +373,7 @@ def test_no_lock_held_during_the_call() -> None:
     b = CircuitBreaker(window=10, min_calls=10, slow_call_duration=5.0)
     began = time.monotonic()
     run_threads(lambda: b.call(time.sleep, 0.1), 4)
-    assert time.monotonic() - began < 0.3
+    assert time.monotonic() - began < 0.35  # serialized, it would take 0.4 s at least
     assert b.snapshot() == (4, 0, 0)
 
 

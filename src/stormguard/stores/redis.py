@@ -293,6 +293,8 @@ class _RedisBase(Store):
         except StorageError:
             breaker.failure()
             raise
+        except ResponseError as exc:  # Redis answered (e.g. WRONGTYPE): not an outage
+            raise StorageError(f"redis: {type(exc).__name__}: {exc}") from exc
         except _BACKEND_ERRORS as exc:
             breaker.failure()
             raise StorageError(f"redis: {type(exc).__name__}: {exc}") from exc

@@ -191,3 +191,15 @@ def test_stormguard_imports_without_redis_py() -> None:
     src = str(Path(__file__).resolve().parents[2] / "src")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60,
                    env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"})
+
+
+def test_log_with_a_large_cost_is_pushed_in_chunks(server: RedisServer, clock: FakeClock) -> None:
+    store = RedisStore.from_url(server.url, clock=clock, time_source="client", timeout=1.0)
+    rule = Rule(5000, 60, algorithm="sliding_window_log")
+    assert store.hit("k", rule, cost=2500).remaining == 2500
+    assert server.client().llen(store.key("k", rule)) == 2500
+    assert store.hit("k", rule, cost=2500).remaining == 0
+    d = store.hit("k", rule)
+    assert not d.allowed
+    assert d.retry_after == 60.0
+    store.close()

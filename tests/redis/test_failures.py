@@ -220,6 +220,15 @@ async def test_cluster_with_one_master_down_degrades_only_its_keys() -> None:
         assert time.perf_counter() - t < len(on_dead) / 2
         assert {k for k, d in zip(keys, sync, strict=True) if d.degraded} == on_dead
         assert {k for k, d in zip(keys, ds, strict=True) if d.degraded} == on_dead
+        # the dead master's own breaker opened; the cluster's and the others' did not
+        assert store.breakers[f"127.0.0.1:{dead.port}"].state == "open"
+        assert store.breaker.state == "closed"
+        assert all(b.state == "closed" for name, b in store.breakers.items()
+                   if name != f"127.0.0.1:{dead.port}")
+        trips = store.round_trips
+        again = [limiter.hit(k, RULE) for k in keys]  # dead-node keys fail without network
+        assert {k for k, d in zip(keys, again, strict=True) if d.degraded} == on_dead
+        assert store.round_trips == trips + len(keys) - len(on_dead)
         limiter.close()
         await alimiter.aclose()
     finally:

@@ -43,10 +43,11 @@ def make_store(kind: str, request: pytest.FixtureRequest) -> Iterator[StoreFacto
         if kind == "memory":
             store = MemoryStore(clock=clock)
         elif kind == "redis":
-            store = RedisStore.from_url(url, clock=clock, time_source="client", **options)
+            store = RedisStore.from_url(url, clock=clock, time_source="client",
+                                        **{"timeout": 1.0, **options})
         else:
             store = RedisClusterStore.from_url(url, clock=clock, time_source="client",
-                                               timeout=0.5, **options)
+                                               **{"timeout": 1.0, **options})
         made.append(store)
         return store
 

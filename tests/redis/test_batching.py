@@ -54,7 +54,7 @@ async def test_500_concurrent_callers_batched_with_unbatched_decisions(
 
 
 async def test_sequential_awaits_are_one_round_trip_each(redis_url: str) -> None:
-    store = RedisStore.from_url(redis_url)
+    store = RedisStore.from_url(redis_url, timeout=1.0)
     await store.ahit("k", RULES[0])  # may load the script (NOSCRIPT -> EVAL)
     start = store.round_trips
     for i in range(5):
@@ -64,7 +64,7 @@ async def test_sequential_awaits_are_one_round_trip_each(redis_url: str) -> None
 
 
 def test_sync_is_one_round_trip_per_check(redis_url: str) -> None:
-    store = RedisStore.from_url(redis_url)
+    store = RedisStore.from_url(redis_url, timeout=1.0)
     store.hit("k", RULES[0])  # the first call loads the script (NOSCRIPT -> EVAL)
     start = store.round_trips
     store.hit("k", RULES[1])
@@ -76,7 +76,7 @@ def test_sync_is_one_round_trip_per_check(redis_url: str) -> None:
 
 async def test_script_cache_flush_is_survived(redis_server: RedisServer,
                                               redis_url: str) -> None:
-    store = RedisStore.from_url(redis_url)
+    store = RedisStore.from_url(redis_url, timeout=1.0)
     rule = RULES[0]  # fixed_window, 7 per minute
     assert (await store.ahit("k", rule)).remaining == 6
     redis_server.client().script_flush()
@@ -90,7 +90,7 @@ async def test_script_cache_flush_is_survived(redis_server: RedisServer,
 
 
 async def test_async_deadline(redis_url: str) -> None:
-    store = RedisStore.from_url(redis_url)
+    store = RedisStore.from_url(redis_url, timeout=1.0)
     assert (await store.ahit("k", RULES[0])).allowed
     with deadline.scope(0.0), pytest.raises(StorageError, match="deadline"):
         await store.ahit("k", RULES[0])

@@ -61,7 +61,7 @@ def test_outage_and_recovery(srv: RedisServer, clock: FakeClock, failure: str) -
     # after at most 5 failures the breaker answers without touching the network
     fast = sorted(t for _, t in results[5:])
     assert fast[len(fast) // 2] < 0.0002
-    assert fast[int(len(fast) * 0.99)] < 0.001
+    assert fast[int(len(fast) * 0.99)] < 0.005  # slack for preemption on a shared machine
     assert limiter.degraded_count == 200
     srv.restart() if failure == "killed" else srv.resume()
     assert timed_hit(limiter)[0]  # still open: the cool-down has not passed
@@ -73,12 +73,18 @@ def test_outage_and_recovery(srv: RedisServer, clock: FakeClock, failure: str) -
     store.close()
 
 
-def test_probe_failure_reopens(srv: RedisServer, clock: FakeClock) -> None:
+def tripped(srv: RedisServer, clock: FakeClock) -> tuple[RedisStore, RateLimiter]:
+    """A store whose breaker the killed server has just opened."""
     store, limiter = make(srv, clock)
     srv.stop()
     for _ in range(5):
-        limiter.hit("k", RULE)
+        assert limiter.hit("k", RULE).degraded
     assert store.breaker.state == "open"
+    return store, limiter
+
+
+def test_probe_failure_reopens(srv: RedisServer, clock: FakeClock) -> None:
+    store, limiter = tripped(srv, clock)
     clock.advance(1.0)
     assert store.breaker.state == "half_open"
     assert limiter.hit("k", RULE).degraded  # the probe fails
@@ -136,16 +142,25 @@ def test_kill_and_restart_under_threaded_load(srv: RedisServer, clock: FakeClock
 
 
 async def test_async_outage_and_recovery(srv: RedisServer, clock: FakeClock) -> None:
-    store = RedisStore.from_url(srv.url, clock=clock, timeout=TIMEOUT, breaker_cooldown=1.0)
+    timeout = 0.1  # batches of 100: leave room for a loaded machine
+    store = RedisStore.from_url(srv.url, clock=clock, timeout=timeout, breaker_cooldown=1.0)
     limiter = AsyncRateLimiter(store, on_error="deny")
     ds = await asyncio.gather(*[limiter.hit(f"k{i}", RULE) for i in range(100)])
     assert not any(d.degraded for d in ds)
     srv.pause()
-    t = time.perf_counter()
+    took = []
+    trips = []
     for _ in range(10):
+        trips.append(store.round_trips)
+        t = time.perf_counter()
         ds = await asyncio.gather(*[limiter.hit(f"k{i}", RULE) for i in range(50)])
+        took.append(time.perf_counter() - t)
         assert all(d.degraded and not d.allowed for d in ds)
-    assert time.perf_counter() - t < 6 * (TIMEOUT + SLACK)  # the breaker opened early
+    # each failed round trip waits out one timeout; after 5 the breaker answers at once
+    assert max(took) < timeout + 2 * SLACK
+    assert store.breaker.state == "open"
+    assert max(took[5:]) < timeout  # no round waits out a timeout any more
+    assert trips[5] == trips[9] == store.round_trips  # ... because nothing is sent
     srv.resume()
     clock.advance(1.0)
     assert not (await limiter.hit("k", RULE)).degraded
@@ -160,8 +175,10 @@ def test_script_error_changes_nothing(srv: RedisServer, clock: FakeClock) -> Non
     bad = Rule(5, 60, algorithm="sliding_window_log", name="bad")
     assert limiter.hit("u", good).remaining == 4
     srv.client().hset(store.key("u", bad), "x", "y")  # wrong type: the script fails
-    with pytest.raises(StorageError, match="WRONGTYPE"):
-        store.hit_all("u", [good, bad])
+    for _ in range(10):
+        with pytest.raises(StorageError, match="WRONGTYPE"):
+            store.hit_all("u", [good, bad])
+    assert store.breaker.state == "closed"  # Redis answered: one bad key is not an outage
     d = limiter.hit_all("u", [good, bad])
     assert d.degraded
     assert limiter.peek("u", good).remaining == 4  # nothing was consumed
@@ -185,9 +202,10 @@ def test_deadline_clips_the_timeout(srv: RedisServer) -> None:
 async def test_cluster_with_one_master_down_degrades_only_its_keys() -> None:
     cluster = start_cluster(3)  # its own cluster: this test kills a node
     try:
-        store = RedisClusterStore.from_url(cluster.url, timeout=TIMEOUT)
+        # a generous timeout: on a loaded machine live nodes must not time out here
+        store = RedisClusterStore.from_url(cluster.url, timeout=1.0)
         limiter = RateLimiter(store)
-        alimiter = AsyncRateLimiter(RedisClusterStore.from_url(cluster.url, timeout=TIMEOUT))
+        alimiter = AsyncRateLimiter(RedisClusterStore.from_url(cluster.url, timeout=1.0))
         keys = [f"user:{i}" for i in range(60)]
         assert not any(limiter.hit(k, RULE).degraded for k in keys)
         dead = cluster.nodes[1]
@@ -198,9 +216,19 @@ async def test_cluster_with_one_master_down_degrades_only_its_keys() -> None:
         t = time.perf_counter()
         sync = [limiter.hit(k, RULE) for k in keys]
         ds = await asyncio.gather(*[alimiter.hit(k, RULE) for k in keys])
-        assert time.perf_counter() - t < 2 * len(on_dead) * (TIMEOUT + SLACK)
+        # a dead node refuses at once: its checks do not wait out the 1 s timeout
+        assert time.perf_counter() - t < len(on_dead) / 2
         assert {k for k, d in zip(keys, sync, strict=True) if d.degraded} == on_dead
         assert {k for k, d in zip(keys, ds, strict=True) if d.degraded} == on_dead
+        # the dead master's own breaker opened; the cluster's and the others' did not
+        assert store.breakers[f"127.0.0.1:{dead.port}"].state == "open"
+        assert store.breaker.state == "closed"
+        assert all(b.state == "closed" for name, b in store.breakers.items()
+                   if name != f"127.0.0.1:{dead.port}")
+        trips = store.round_trips
+        again = [limiter.hit(k, RULE) for k in keys]  # dead-node keys fail without network
+        assert {k for k, d in zip(keys, again, strict=True) if d.degraded} == on_dead
+        assert store.round_trips == trips + len(keys) - len(on_dead)
         limiter.close()
         await alimiter.aclose()
     finally:
@@ -208,10 +236,7 @@ async def test_cluster_with_one_master_down_degrades_only_its_keys() -> None:
 
 
 def test_a_lost_probe_does_not_wedge_the_breaker(srv: RedisServer, clock: FakeClock) -> None:
-    store, limiter = make(srv, clock)
-    srv.stop()
-    for _ in range(5):
-        limiter.hit("k", RULE)
+    store, limiter = tripped(srv, clock)
     srv.restart()
     clock.advance(1.0)
     store.breaker.before()  # a probe starts, and its outcome never arrives

@@ -35,7 +35,7 @@ def test_lua_files_are_package_data() -> None:
 @pytest.mark.parametrize("time_source", ["server", "client"])
 def test_every_key_has_a_ttl_within_the_bound(server: RedisServer, algo: str,
                                               time_source: str) -> None:
-    store = RedisStore.from_url(server.url, time_source=time_source, prefix="ttl",
+    store = RedisStore.from_url(server.url, time_source=time_source, prefix="ttl", timeout=1.0,
                                 ttl_slack=0)  # type: ignore[arg-type]
     rule = Rule(10, 60, algorithm=algo)
     for i in range(25):
@@ -54,7 +54,8 @@ def test_every_key_has_a_ttl_within_the_bound(server: RedisServer, algo: str,
 
 
 def test_ttl_slack_in_client_mode_is_added(server: RedisServer, clock: FakeClock) -> None:
-    store = RedisStore.from_url(server.url, time_source="client", clock=clock, ttl_slack=5)
+    store = RedisStore.from_url(server.url, time_source="client", clock=clock, ttl_slack=5,
+                                timeout=1.0)
     rule = Rule(10, 2, algorithm="token_bucket")
     store.hit("k", rule, cost=10)  # empty: 2 s to refill
     pttl = server.client().pttl(store.key("k", rule))
@@ -63,7 +64,7 @@ def test_ttl_slack_in_client_mode_is_added(server: RedisServer, clock: FakeClock
 
 
 def test_key_layout_and_braces(server: RedisServer) -> None:
-    store = RedisStore.from_url(server.url, prefix="app")
+    store = RedisStore.from_url(server.url, prefix="app", timeout=1.0)
     rule = Rule(5, 60)
     k1 = store.key("{user}:1", rule)
     k2 = store.key("{user}:2", rule)
@@ -81,7 +82,7 @@ def test_key_layout_and_braces(server: RedisServer) -> None:
 
 
 def test_user_keys_cannot_collide_with_other_rules(server: RedisServer) -> None:
-    store = RedisStore.from_url(server.url)
+    store = RedisStore.from_url(server.url, timeout=1.0)
     rule_a = Rule(1, 60, algorithm="fixed_window", name="a")
     rule_ab = Rule(1, 60, algorithm="fixed_window", name="a:b")
     crafted = ["b", ":b", "a:b", "fixed_window:1:60000000:1:a:b", "}", "{", "{}", "}{"]
@@ -96,7 +97,7 @@ def test_user_keys_cannot_collide_with_other_rules(server: RedisServer) -> None:
 def test_cluster_slots_follow_our_tag(redis_cluster: RedisCluster) -> None:
     for node in redis_cluster.nodes:
         node.client().flushall()
-    store = RedisClusterStore.from_url(redis_cluster.url, timeout=0.5)
+    store = RedisClusterStore.from_url(redis_cluster.url, timeout=1.0)
     rules = [Rule(5, 60, name=str(i)) for i in range(4)]
     # keys that would all land in slot of "x" if braces in them were hash tags
     users = [f"{{x}}{i}" for i in range(30)]
@@ -110,7 +111,7 @@ def test_cluster_slots_follow_our_tag(redis_cluster: RedisCluster) -> None:
 
 
 def test_rules_too_large_for_exact_lua_are_rejected(server: RedisServer) -> None:
-    store = RedisStore.from_url(server.url)
+    store = RedisStore.from_url(server.url, timeout=1.0)
     huge = Rule(10**7, 86400 * 365, algorithm="token_bucket")
     with pytest.raises(ConfigError, match="rule"):
         store.hit("k", huge)
@@ -136,16 +137,18 @@ def test_bad_options() -> None:
 def test_server_time_agrees_across_skewed_clients(server: RedisServer) -> None:
     ahead = FakeClock(start=2_000_000_000.0)
     behind = FakeClock(start=1_000_000_000.0)
-    s1 = RedisStore.from_url(server.url, clock=ahead)
-    s2 = RedisStore.from_url(server.url, clock=behind)
+    s1 = RedisStore.from_url(server.url, clock=ahead, timeout=1.0)
+    s2 = RedisStore.from_url(server.url, clock=behind, timeout=1.0)
     rule = Rule(10, 60, algorithm="fixed_window")
     results = [s.hit("shared", rule) for s in (s1, s2) * 6]
     assert [d.allowed for d in results] == [True] * 10 + [False] * 2
     # both see the same window: reset times agree to well under a second
     assert abs(results[10].retry_after - results[11].retry_after) < 0.5
     # client time with these clocks would not agree (different windows)
-    c1 = RedisStore.from_url(server.url, clock=ahead, time_source="client", prefix="c")
-    c2 = RedisStore.from_url(server.url, clock=behind, time_source="client", prefix="c")
+    c1 = RedisStore.from_url(server.url, clock=ahead, time_source="client", prefix="c",
+                             timeout=1.0)
+    c2 = RedisStore.from_url(server.url, clock=behind, time_source="client", prefix="c",
+                             timeout=1.0)
     assert all(c1.hit("x", rule, cost=10).allowed for _ in range(1))
     assert c2.hit("x", rule, cost=10).allowed
     for s in (s1, s2, c1, c2):
@@ -188,3 +191,15 @@ def test_stormguard_imports_without_redis_py() -> None:
     src = str(Path(__file__).resolve().parents[2] / "src")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60,
                    env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"})
+
+
+def test_log_with_a_large_cost_is_pushed_in_chunks(server: RedisServer, clock: FakeClock) -> None:
+    store = RedisStore.from_url(server.url, clock=clock, time_source="client", timeout=1.0)
+    rule = Rule(5000, 60, algorithm="sliding_window_log")
+    assert store.hit("k", rule, cost=2500).remaining == 2500
+    assert server.client().llen(store.key("k", rule)) == 2500
+    assert store.hit("k", rule, cost=2500).remaining == 0
+    d = store.hit("k", rule)
+    assert not d.allowed
+    assert d.retry_after == 60.0
+    store.close()

@@ -29,7 +29,7 @@ import select
 import ssl
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from importlib import resources
 from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit
@@ -286,18 +286,24 @@ class _RedisBase(Store):
         left = deadline.remaining()
         if left is not None and left <= 0:
             raise StorageError("redis: the deadline in force has passed")
-        breaker = self.breaker
+        breaker = self._breaker_for(command)
         breaker.before()
         try:
             reply = self._call(command)
         except StorageError:
             breaker.failure()
             raise
+        except ResponseError as exc:  # Redis answered (e.g. WRONGTYPE): not an outage
+            raise StorageError(f"redis: {type(exc).__name__}: {exc}") from exc
         except _BACKEND_ERRORS as exc:
             breaker.failure()
             raise StorageError(f"redis: {type(exc).__name__}: {exc}") from exc
         breaker.success()
         return reply
+
+    def _breaker_for(self, command: Any) -> _Breaker:
+        """The breaker guarding ``command`` (one per store; one per node on a cluster)."""
+        return self.breaker
 
     def hit(self, key: str, rule: Rule, cost: int = 1) -> Decision:
         return self._decision(self._run(self._prepare(key, rule, cost, True)), (rule,))
@@ -348,14 +354,23 @@ class _RedisBase(Store):
     def _new_runner(self, loop: asyncio.AbstractEventLoop) -> _Runner:
         raise NotImplementedError
 
-    async def _arun(self, command: Any) -> Any:
+    def _arun(self, command: Any) -> Awaitable[Any]:
+        """Queue ``command`` on this loop's runner; await the result for the reply."""
         left = deadline.remaining()
-        if left is not None and left <= 0:
-            raise StorageError("redis: the deadline in force has passed")
+        if left is not None and left < self.timeout:
+            return self._arun_deadline(command, left)
+        self._async_gate()
+        return self._runner().submit(command)
+
+    def _async_gate(self) -> None:
+        """Fail fast (StorageError) when the breaker forbids sending."""
         self.breaker.before()
+
+    async def _arun_deadline(self, command: Any, left: float) -> Any:
+        if left <= 0:
+            raise StorageError("redis: the deadline in force has passed")
+        self._async_gate()
         fut = self._runner().submit(command)
-        if left is None or left >= self.timeout:
-            return await fut
         try:
             async with asyncio.timeout(left):
                 return await fut
@@ -406,8 +421,9 @@ class _Runner(Protocol):
 
 class _Batcher:
     """Per event loop: calls queued while a round trip is in flight leave together as
-    one pipeline. One pipeline at a time per loop, so hundreds of concurrent callers
-    use one connection and never exhaust a pool."""
+    one pipeline per node. One batch at a time per loop, so hundreds of concurrent
+    callers use one connection per node and never exhaust a pool. (The store's
+    ``_pipeline`` applies the per-node breakers.)"""
 
     def __init__(self, store: RedisClusterStore, loop: asyncio.AbstractEventLoop) -> None:
         self.store = store
@@ -434,14 +450,11 @@ class _Batcher:
 
     async def _flush(self, batch: list[tuple[Any, asyncio.Future[Any]]]) -> None:
         store = self.store
-        breaker = store.breaker
         try:
             replies = await store._pipeline([c for c, _ in batch], self.state)
         except StorageError as exc:
-            breaker.failure()
             err: StorageError = exc
         except _BACKEND_ERRORS as exc:
-            breaker.failure()
             err = StorageError(f"redis: {type(exc).__name__}: {exc}")
             err.__cause__ = exc
         except BaseException as exc:  # cancelled while in flight: callers must not hang
@@ -450,7 +463,6 @@ class _Batcher:
                     fut.set_exception(StorageError(f"redis: batch aborted ({exc!r})"))
             raise
         else:
-            breaker.success()
             for (_, fut), reply in zip(batch, replies, strict=True):
                 if fut.done():
                     continue
@@ -819,6 +831,42 @@ class RedisClusterStore(_RedisBase):
         self._nodes, self._auth = _cluster_nodes(url)
         self._client: Any = None
         self._client_lock = threading.Lock()
+        self.breakers: dict[str, _Breaker] = {}
+        """One breaker per master (``host:port``), so a sick node fails fast while the
+        others keep answering. ``breaker`` guards reaching the cluster at all."""
+
+    def _node_breaker(self, name: str) -> _Breaker:
+        if not name:
+            return self.breaker
+        b = self.breakers.get(name)
+        if b is None:
+            b = self.breakers.setdefault(
+                name, _Breaker(self.breaker.threshold, self.breaker.cooldown, self.clock))
+        return b
+
+    @staticmethod
+    def _node_name(nodes_manager: Any, command: Any) -> str:
+        """The master serving ``command``'s first key ("" when unknown or keyless)."""
+        if command[0] not in ("EVALSHA", "EVAL") or not command[2]:
+            return ""
+        try:
+            node = nodes_manager.get_node_from_slot(key_slot(command[3].encode()))
+        except (*_BACKEND_ERRORS, KeyError, IndexError):
+            return ""
+        return str(node.name) if node is not None else ""
+
+    def _breaker_for(self, command: Any) -> _Breaker:
+        if self._client is None:
+            self.breaker.before()
+            try:
+                self._sync_client()
+            except _BACKEND_ERRORS as exc:
+                self.breaker.failure()
+                raise StorageError(f"redis: {type(exc).__name__}: {exc}") from exc
+        return self._node_breaker(self._node_name(self._client.nodes_manager, command))
+
+    def _async_gate(self) -> None:
+        """Async checks are gated per node inside the batch (see :meth:`_send_all`)."""
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisClusterStore:
@@ -874,10 +922,17 @@ class RedisClusterStore(_RedisBase):
                         state: dict[str, Any]) -> list[Any]:
         client = state.get("client")
         if client is None:
+            self.breaker.before()
             nodes = [redis.asyncio.cluster.ClusterNode(h, p) for h, p in self._nodes]
             client = redis.asyncio.cluster.RedisCluster(
                 startup_nodes=nodes, **self._options(redis.asyncio.retry.Retry))
-            await client.initialize()
+            try:
+                await client.initialize()
+            except _BACKEND_ERRORS:
+                self.breaker.failure()
+                await client.aclose()
+                raise
+            self.breaker.success()
             state["client"] = client
         replies = await self._send_all(client, commands)
         retry = [i for i, r in enumerate(replies) if _is_noscript(r)]
@@ -893,13 +948,14 @@ class RedisClusterStore(_RedisBase):
         groups: dict[str, list[int]] = {}
         nodes = client.nodes_manager
         for i, c in enumerate(commands):
-            name = ""
-            if c[0] in ("EVALSHA", "EVAL") and c[2]:
-                node = nodes.get_node_from_slot(key_slot(c[3].encode()))
-                name = node.name if node is not None else ""
-            groups.setdefault(name, []).append(i)
+            groups.setdefault(self._node_name(nodes, c), []).append(i)
 
-        async def run(indexes: list[int]) -> list[Any]:
+        async def run(name: str, indexes: list[int]) -> list[Any]:
+            breaker = self._node_breaker(name)
+            try:
+                breaker.before()
+            except StorageError as exc:
+                return [exc] * len(indexes)  # this node's breaker is open: no network
             pipe = client.pipeline(transaction=False)
             for i in indexes:
                 pipe.execute_command(*commands[i])
@@ -907,19 +963,21 @@ class RedisClusterStore(_RedisBase):
                 async with asyncio.timeout(self.timeout * 2 + 0.001 * len(indexes)):
                     out: list[Any] = await pipe.execute(raise_on_error=False)
             except _BACKEND_ERRORS as exc:
+                breaker.failure()
                 return [exc] * len(indexes)
+            if any(isinstance(r, BaseException) and not isinstance(r, ResponseError)
+                   for r in out):
+                breaker.failure()
+            else:
+                breaker.success()
             return out
 
-        results = await asyncio.gather(*[run(ix) for ix in groups.values()])
+        results = await asyncio.gather(*[run(n, ix) for n, ix in groups.items()])
         replies: list[Any] = [None] * len(commands)
         for ix, out in zip(groups.values(), results, strict=True):
             for i, r in zip(ix, out, strict=True):
                 replies[i] = r
-        failed = [r for r in replies if isinstance(r, BaseException)
-                  and not isinstance(r, ResponseError)]
-        if failed and len(failed) == len(replies):
-            raise failed[0]  # nothing got through: a backend failure (counts for the breaker)
-        return replies  # one node down: only its commands fail
+        return replies  # a value, a ResponseError or the failure of its node
 
     async def _aclose_state(self, state: dict[str, Any]) -> None:
         client = state.pop("client", None)

@@ -19,8 +19,8 @@ local function cdiv(a, b)  -- ceil(a / b)
   return -fdiv(-a, b)
 end
 
-local function fmt(x)
-  return string.format('%.0f', x)
+local function fmt(x)  -- an integral double as digits ('%d' is exact below 2^53 on 64 bits)
+  return string.format('%d', x)
 end
 
 -- a state stored as two or three space separated integers in one string key
@@ -46,9 +46,11 @@ local function ttl_ms(exp, now)
 end
 
 local function putnums(key, t, now, exp)
-  local text = fmt(t[1]) .. ' ' .. fmt(t[2])
+  local text
   if t[3] then
-    text = text .. ' ' .. fmt(t[3])
+    text = string.format('%d %d %d', t[1], t[2], t[3])
+  else
+    text = string.format('%d %d', t[1], t[2])
   end
   redis.call('SET', key, text, 'PX', ttl_ms(exp, now))
 end

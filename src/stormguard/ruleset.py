@@ -42,15 +42,13 @@ import os
 import re
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
 
 from stormguard.decision import Decision
 from stormguard.errors import ConfigError
+from stormguard.limiter import AsyncRateLimiter, RateLimiter
 from stormguard.rules import _UNITS, DEFAULT_ALGORITHM, Rule
 from stormguard.stores.base import check_cost
-
-if TYPE_CHECKING:
-    from stormguard.limiter import AsyncRateLimiter, RateLimiter
 
 __all__ = [
     "FIELDS",
@@ -106,10 +104,10 @@ class RulesError(ConfigError):
         return [{"rule": p.rule, "field": p.field, "problem": p.problem} for p in self.problems]
 
 
-@dataclass(frozen=True, slots=True)
-class RequestAttrs:
+class RequestAttrs(NamedTuple):
     """What the rules match on. ``None`` means "not known"; a rule scoped to an
-    attribute that is ``None`` does not apply to the request."""
+    attribute that is ``None`` does not apply to the request. (A named tuple: built
+    once per request on the hot path.)"""
 
     user: str | None = None
     api_key: str | None = None
@@ -534,8 +532,6 @@ def check_plan(limiter: RateLimiter, plan: Plan, cost: int = 1) -> CheckResult:
 async def acheck_plan(limiter: AsyncRateLimiter | RateLimiter, plan: Plan,
                       cost: int = 1) -> CheckResult:
     """:func:`check_plan` for an async limiter (a blocking one is called directly)."""
-    from stormguard.limiter import AsyncRateLimiter
-
     if not isinstance(limiter, AsyncRateLimiter):
         return check_plan(limiter, plan, cost)
     if len(plan) == 1 and not plan[0][1].shadow:

@@ -50,8 +50,8 @@ APPS = textwrap.dedent('''
     from stormguard.middleware import RateLimitMiddleware
     from stormguard.service import create_app
 
-    BODY = b'{"allowed":true,"limit":1000000000,"remaining":999999999}'
-    RULES = [{"name": "bench", "scope": "ip", "limit": 1000000000, "window": 60}]
+    BODY = b'{"allowed":true,"limit":100000000,"remaining":99999999}'
+    RULES = [{"name": "bench", "scope": "ip", "limit": 100000000, "window": 60}]
 
     async def constant(request):
         return Response(BODY, media_type="application/json")

@@ -74,6 +74,8 @@ _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"
                       "CONNECT"})
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]+)\s*")
 MAX_RULES = 10_000
+_EXACT = 2**53
+_EXACT_ANY_SIZE = frozenset({"fixed_window", "sliding_window_log"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +268,12 @@ def _validate(spec: RuleSpec) -> list[RuleProblem]:
         bad(exc.field, f"{exc.problem} (got {exc.value!r:.80})")
     except TypeError as exc:  # pragma: no cover - Rule validates types itself
         bad("rule", str(exc))
+    if rule is not None and rule.algorithm not in _EXACT_ANY_SIZE \
+            and rule.capacity * round(rule.window * 1_000_000) + rule.limit >= _EXACT:
+        # the Redis scripts compute in doubles: keep rules portable across every store
+        bad("limit", f"{rule.capacity} per {rule.window:g} s is too large for exact "
+            "arithmetic on Redis: capacity x window in microseconds must stay below 2**53; "
+            "use a shorter window or a smaller limit")
     if not out:
         object.__setattr__(spec, "rule", rule)
         object.__setattr__(spec, "_method", method)

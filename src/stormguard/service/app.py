@@ -266,7 +266,11 @@ class Service:
 
     async def _run(self, plan: Plan, cost: int) -> CheckResult:
         t0 = time.perf_counter()
-        result = await acheck_plan(self.limiter, plan, cost)
+        try:
+            result = await acheck_plan(self.limiter, plan, cost)
+        except ConfigError as exc:  # a rule this store cannot enforce: say so, never a 500
+            raise ApiError(422, f"the store refuses the rule: {exc}"[:500],
+                           field=exc.field) from None
         self.metrics.record(result, time.perf_counter() - t0)
         return result
 

@@ -138,6 +138,12 @@ async def test_invalid_rule_set_is_refused_whole(admin: httpx.AsyncClient) -> No
     assert r.status_code == 422
     r = await admin.put("/v1/rules", headers=AUTH, content=b"{")
     assert r.status_code == 400
+    r = await admin.put("/v1/rules", headers=AUTH, json={"version": 0})  # no "rules"
+    assert r.status_code == 422
+    assert r.json()["field"] == "rules"
+    r = await admin.patch("/v1/rules/search", headers=AUTH)
+    assert r.status_code == 405
+    assert set(r.headers["allow"].split(", ")) == {"GET", "HEAD", "PUT", "DELETE"}
 
 
 async def test_put_replaces_whole_set(admin: httpx.AsyncClient) -> None:

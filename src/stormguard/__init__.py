@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from stormguard._clock import Clock, SystemClock
 from stormguard.decision import Decision
 from stormguard.errors import (
@@ -15,26 +17,56 @@ from stormguard.errors import (
     TransientError,
 )
 from stormguard.limiter import AsyncRateLimiter, RateLimiter
+from stormguard.pipeline import Pipeline
+from stormguard.policies import (
+    Bulkhead,
+    CircuitBreaker,
+    Fallback,
+    Retry,
+    RetryBudget,
+    Timeout,
+)
 from stormguard.rules import Rule
 from stormguard.stores import MemoryStore, Store
 
+if TYPE_CHECKING:
+    from stormguard.stores.redis import RedisClusterStore, RedisStore
+
 __all__ = [
     "AsyncRateLimiter",
+    "Bulkhead",
     "BulkheadFull",
+    "CircuitBreaker",
     "CircuitOpen",
     "Clock",
     "ConfigError",
     "DeadlineExceeded",
     "Decision",
+    "Fallback",
     "MemoryStore",
+    "Pipeline",
     "RateLimiter",
+    "RedisClusterStore",
+    "RedisStore",
+    "Retry",
+    "RetryBudget",
     "RetryBudgetExhausted",
     "Rule",
     "StorageError",
     "Store",
     "StormguardError",
     "SystemClock",
+    "Timeout",
     "TransientError",
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # the Redis stores import redis-py: only when asked for, so the core works without it
+    if name in ("RedisClusterStore", "RedisStore"):
+        from stormguard.stores import redis as _redis
+
+        return getattr(_redis, name)
+    raise AttributeError(f"module 'stormguard' has no attribute {name!r}")

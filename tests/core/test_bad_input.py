@@ -10,7 +10,7 @@ import pytest
 
 from stormguard import ConfigError, MemoryStore, RateLimiter, Rule
 from stormguard.stores import from_url
-from tests.core.util import ALGORITHMS, NOON, limiter_at
+from tests.core.util import ALGORITHMS, NOON, limiter_at, snapshot
 
 
 def check(exc: pytest.ExceptionInfo[ConfigError], field: str, value: object) -> None:
@@ -151,8 +151,9 @@ def test_hit_all_with_one_bad_rule_or_cost_changes_nothing() -> None:
     small = Rule(limit=3, window=1, name="small")
     big = Rule(limit=100, window=60, name="big")
     limiter.hit_all("k", [small, big])
-    before = dict(limiter.store._data)  # type: ignore[attr-defined]
-    snapshot = {k: list(v) for k, v in before.items()}
+    store = limiter.store
+    assert isinstance(store, MemoryStore)
+    before = snapshot(store)
     with pytest.raises(ConfigError) as exc:
         limiter.hit_all("k", [big, small], cost=50)  # fits big, not small
     check(exc, "cost", 50)
@@ -161,7 +162,7 @@ def test_hit_all_with_one_bad_rule_or_cost_changes_nothing() -> None:
     check(exc, "rules", "10/second")
     with pytest.raises(ConfigError):
         limiter.hit_all("k", [])
-    assert {k: list(v) for k, v in limiter.store._data.items()} == snapshot  # type: ignore[attr-defined]
+    assert snapshot(store) == before
     assert limiter.peek("k", big).remaining == 99
     assert limiter.peek("k", small).remaining == 2
 

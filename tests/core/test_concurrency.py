@@ -11,7 +11,7 @@ import pytest
 
 from stormguard import AsyncRateLimiter, MemoryStore, RateLimiter, Rule
 from stormguard.testing import FakeClock
-from tests.core.util import ALGORITHMS, NOON
+from tests.core.util import ALGORITHMS, NOON, held
 
 THREADS = 8
 HITS = 2_000
@@ -86,7 +86,7 @@ def test_threads_on_many_keys_with_a_small_bounded_store() -> None:
         for i in range(HITS // 4):
             limiter.hit(f"{name}:{i % 97}", rule)
             admitted += limiter.hit("hot", hot).allowed
-            assert len(store._data) <= 50
+            assert held(store) <= 50
         return admitted
 
     assert run_threads(work) == 1000  # the hot key is never evicted

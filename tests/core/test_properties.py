@@ -13,9 +13,9 @@ from stormguard import MemoryStore, RateLimiter, Rule
 from stormguard.algorithms import ALGORITHMS as CLASSES
 from stormguard.algorithms import Algorithm, Gcra, LeakyBucket, TokenBucket
 from stormguard.testing import FakeClock
-from tests.core.util import ALGORITHMS, NOON
+from tests.core.util import ALGORITHMS, NOON, snapshot
 
-EXAMPLES = settings(max_examples=100, deadline=None)
+EXAMPLES = settings(max_examples=80, deadline=None)
 
 # epoch microseconds near 2026 (the magnitude real clocks give)
 T0 = int(NOON * 1_000_000)
@@ -178,7 +178,7 @@ def test_store_retry_after_in_float_seconds_is_exact_to_the_millisecond(
         if d.allowed:
             continue
         assert d.retry_after > 0
-        saved = dict(store._data)
+        saved = snapshot(store)
         if d.retry_after >= 0.001:
             clock.advance(d.retry_after - 0.001)
             assert not limiter.peek("k", rule, cost).allowed
@@ -186,4 +186,17 @@ def test_store_retry_after_in_float_seconds_is_exact_to_the_millisecond(
         else:
             clock.advance(d.retry_after)
         assert limiter.peek("k", rule, cost).allowed
-        assert dict(store._data) == saved  # peeks wrote nothing
+        assert snapshot(store) == saved  # peeks wrote nothing
+
+
+@EXAMPLES
+@given(setups())
+def test_remaining_is_exactly_what_can_still_be_admitted_now(
+        setup: tuple[str, int, int, int, list[tuple[int, int]]]) -> None:
+    algo = make(*setup[:4])
+    for now, _, before, verdict in replay(algo, setup[4]):
+        state = verdict[1] if verdict[0] else before
+        for _ in range(verdict[2]):
+            ok, state, *_ = algo.decide(state, now, 1, True)
+            assert ok
+        assert not algo.decide(state, now, 1, True)[0]

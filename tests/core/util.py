@@ -39,3 +39,13 @@ def admitted_exactly_after(limiter: RateLimiter, clock: FakeClock, key: str, rul
         return False
     clock.advance(0.001)
     return limiter.hit(key, rule, cost).allowed
+
+
+def held(store: MemoryStore) -> int:
+    """Entries the store holds, expired ones included (``len(store)`` drops those first)."""
+    return len(store._data)
+
+
+def snapshot(store: MemoryStore) -> dict[object, list[object]]:
+    """A copy of every entry's state, to prove that nothing was written."""
+    return {k: list(v) for k, v in store._data.items()}

@@ -1,0 +1,1 @@
+"""Adapters between stormguard and other libraries; they translate, the policies decide."""

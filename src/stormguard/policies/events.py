@@ -1,0 +1,158 @@
+"""Typed events every policy emits, and the listeners that receive them.
+
+A listener is any ``Callable[[Event], None]``. Register it on one policy
+(``policy.add_listener(fn)``) or for every policy in the process
+(:func:`add_listener`). Events are built only when someone listens, and only
+on the slow paths (a retry, a rejection, a state change, a timeout), so an
+unobserved policy pays nothing for them. A listener that raises is logged and
+ignored: observability never breaks the call it observes.
+
+Metrics exporters (Prometheus, OpenTelemetry) plug in here: one listener that
+maps each event type to a counter or a span event.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = [
+    "BudgetExhausted",
+    "BulkheadRejected",
+    "CallRejected",
+    "Event",
+    "FallbackUsed",
+    "Listener",
+    "LoggingListener",
+    "RetryGaveUp",
+    "RetryScheduled",
+    "StateChanged",
+    "TimedOut",
+    "add_listener",
+    "remove_listener",
+]
+
+_log = logging.getLogger("stormguard")
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """Base of every event: which policy (its ``name``) and when (monotonic seconds)."""
+
+    policy: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class RetryScheduled(Event):
+    """Attempt ``attempt`` failed with ``error``; the next one starts after ``delay`` s."""
+
+    attempt: int
+    delay: float
+    error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class RetryGaveUp(Event):
+    """Retry stops and raises: ``reason`` is "attempts", "not_retryable" or "deadline"."""
+
+    attempt: int
+    reason: str
+    error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetExhausted(Event):
+    """The shared retry budget refused a retry after ``error``."""
+
+    attempt: int
+    error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class StateChanged(Event):
+    """A circuit breaker moved from ``old`` to ``new`` ("closed", "open", "half_open")."""
+
+    old: str
+    new: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallRejected(Event):
+    """A breaker rejected a call; ``reason``: "open", "half_open_full" or "forced_open"."""
+
+    reason: str
+    remaining: float
+
+
+@dataclass(frozen=True, slots=True)
+class BulkheadRejected(Event):
+    """A bulkhead had no free slot within ``waited`` seconds."""
+
+    max_concurrent: int
+    waited: float
+
+
+@dataclass(frozen=True, slots=True)
+class TimedOut(Event):
+    """A timeout's deadline passed; ``seconds`` was its budget (after clipping)."""
+
+    seconds: float
+    total: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackUsed(Event):
+    """A fallback answered instead; ``cause`` is the exception or the rejected result."""
+
+    cause: object
+
+
+Listener = Callable[[Event], None]
+
+_global: list[Listener] = []
+
+
+def add_listener(listener: Listener) -> None:
+    """Receive the events of every policy in the process."""
+    _global.append(listener)
+
+
+def remove_listener(listener: Listener) -> None:
+    """Stop a listener added with :func:`add_listener` (ValueError if absent)."""
+    _global.remove(listener)
+
+
+def emit(listeners: list[Listener], event: Event) -> None:
+    """Deliver ``event`` to the policy's listeners, then the global ones."""
+    for listener in (*listeners, *_global):
+        try:
+            listener(event)
+        except Exception:
+            _log.exception("stormguard event listener %r failed on %r", listener, event)
+
+
+def observed(listeners: list[Listener]) -> bool:
+    """True when building an event is worth it."""
+    return bool(listeners or _global)
+
+
+class LoggingListener:
+    """Log every event on ``logger`` (default ``"stormguard"``).
+
+    State changes, rejections, exhausted budgets and timeouts log at WARNING;
+    scheduled retries and fallbacks at INFO.
+    """
+
+    __slots__ = ("logger",)
+
+    _INFO = (RetryScheduled, FallbackUsed)
+
+    def __init__(self, logger: logging.Logger | None = None) -> None:
+        self.logger = logger if logger is not None else _log
+
+    def __call__(self, event: Event) -> None:
+        level = logging.INFO if isinstance(event, self._INFO) else logging.WARNING
+        if self.logger.isEnabledFor(level):
+            self.logger.log(level, "%s: %s", event.policy, event)

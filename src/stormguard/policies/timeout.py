@@ -1,0 +1,148 @@
+"""Timeout: a deadline for everything the policy wraps.
+
+``Timeout(1.0)`` bounds one attempt (put it inside ``Retry``); ``Timeout(total=3.0)``
+bounds everything inside it, retries and their sleeps included. Both set the
+deadline context variable of :mod:`stormguard.deadline`, clipped to any outer
+deadline, so an inner timeout never outlives an outer one.
+
+What is enforced:
+
+* **asyncio**: the wrapped coroutine is cancelled for real when the deadline
+  passes (:func:`asyncio.timeout`) and :class:`DeadlineExceeded` is raised.
+* **blocking code** cannot be interrupted safely in Python. The policy:
+  raises ``DeadlineExceeded`` *without calling* when the deadline has already
+  passed on entry; publishes the deadline (``stormguard.deadline.remaining()``)
+  so that I/O code clips its own timeouts (the httpx transport and the Redis
+  store do; your own client can); and when the call comes back after the
+  deadline, raises ``DeadlineExceeded`` (a late result is discarded, a late
+  exception becomes its ``__cause__``). It does **not** stop a blocking call
+  that ignores the deadline: that thread stays busy until the call returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from stormguard._clock import Clock
+from stormguard.deadline import Deadline, _current
+from stormguard.errors import ConfigError, DeadlineExceeded
+from stormguard.policies._base import Args, AsyncNext, Kwargs, Next, Policy, check_positive
+from stormguard.policies.events import Listener, TimedOut
+
+__all__ = ["Timeout"]
+
+
+class Timeout(Policy):
+    """Bound the wrapped call (``Timeout(seconds)``) or everything inside (``total=``)."""
+
+    __slots__ = ("_monotonic", "seconds", "total")
+
+    def __init__(self, seconds: float | None = None, *, total: float | None = None,
+                 name: str | None = None, clock: Clock | None = None,
+                 listeners: tuple[Listener, ...] = ()) -> None:
+        if (seconds is None) == (total is None):
+            raise ConfigError("seconds", seconds, "give exactly one of seconds or total=")
+        is_total = total is not None
+        value = total if total is not None else seconds
+        assert value is not None
+        self.seconds = check_positive("total" if is_total else "seconds", value)
+        self.total = is_total
+        super().__init__(name=name or ("total_timeout" if is_total else "timeout"),
+                         clock=clock, listeners=listeners)
+        self._monotonic = self._clock.monotonic
+
+    def __repr__(self) -> str:
+        arg = f"total={self.seconds}" if self.total else f"{self.seconds}"
+        return f"Timeout({arg})"
+
+    def _enter(self) -> tuple[Deadline, float]:
+        """The deadline for this call (clipped to the outer one) and the time now."""
+        clock = self._clock
+        now = clock.monotonic()
+        at = now + self.seconds
+        outer = _current.get()
+        if outer is not None:
+            if outer.clock is clock:
+                at = min(at, outer.at)
+            else:
+                left = outer.remaining()
+                if left < self.seconds:
+                    at = now + left
+            if at <= now:
+                self._timed_out(0.0)
+                raise DeadlineExceeded("deadline already passed before the call")
+        return Deadline(at, clock), now
+
+    def _timed_out(self, budget: float) -> None:
+        if self._observed():
+            self._emit(TimedOut(self.name, self._clock.monotonic(), budget, self.total))
+
+    def _late(self, d: Deadline, now: float) -> DeadlineExceeded:
+        self._timed_out(d.at - now)
+        return DeadlineExceeded(f"{'total ' if self.total else ''}timeout of "
+                                f"{d.at - now:.3f}s exceeded")
+
+    def _sync(self, nxt: Next, fn: Callable[..., Any], args: Args, kwargs: Kwargs) -> Any:
+        # _enter() inlined for the common case (no outer deadline): this is the hot path.
+        if _current.get() is None:
+            now = self._monotonic()
+            d = Deadline(now + self.seconds, self._clock)
+            monotonic = self._monotonic
+        else:
+            d, now = self._enter()
+            monotonic = d.clock.monotonic
+        token = _current.set(d)
+        try:
+            result = nxt(fn, args, kwargs)
+        except Exception as exc:
+            if monotonic() >= d.at and not isinstance(exc, DeadlineExceeded):
+                raise self._late(d, now) from exc
+            raise
+        finally:
+            _current.reset(token)
+        if monotonic() >= d.at:
+            raise self._late(d, now)
+        return result
+
+    async def _async(self, nxt: AsyncNext, fn: Callable[..., Any], args: Args,
+                     kwargs: Kwargs) -> Any:
+        # asyncio.timeout() semantics with a bare loop timer (about half its cost): the timer
+        # cancels the task; a cancellation we caused (and only that) becomes DeadlineExceeded.
+        d, now = self._enter()
+        clock = d.clock
+        task = asyncio.current_task()
+        if task is None:  # pragma: no cover - acall always runs inside a task
+            raise RuntimeError("Timeout.acall must run inside an asyncio task")
+        loop = task.get_loop()
+        cancelling = task.cancelling()
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            task.cancel()
+
+        handle = loop.call_at(loop.time() + (d.at - now), expire)
+        token = _current.set(d)
+        try:
+            result = await nxt(fn, args, kwargs)
+        except asyncio.CancelledError as exc:
+            if expired and task.uncancel() <= cancelling:
+                raise self._late(d, now) from exc
+            raise
+        except Exception as exc:
+            if expired:
+                task.uncancel()
+            if (expired or clock.monotonic() >= d.at) and not isinstance(exc, DeadlineExceeded):
+                raise self._late(d, now) from exc
+            raise
+        finally:
+            handle.cancel()
+            _current.reset(token)
+        if expired:
+            task.uncancel()  # the callee swallowed our cancellation
+        if clock.monotonic() >= d.at:
+            raise self._late(d, now)
+        return result

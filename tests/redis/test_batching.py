@@ -1,0 +1,99 @@
+"""Concurrent awaits on one loop are coalesced into pipelined round trips, with the
+decisions of one-by-one checks."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from stormguard import (
+    AsyncRateLimiter,
+    MemoryStore,
+    RedisClusterStore,
+    RedisStore,
+    Rule,
+    StorageError,
+    deadline,
+)
+from stormguard.algorithms import ALGORITHMS
+from stormguard.testing import FakeClock
+from tests.redis_servers import RedisServer
+
+RULES = [Rule(7, 60, algorithm=a) for a in sorted(ALGORITHMS)]
+
+
+@pytest.mark.parametrize("backend", ["redis", "cluster"])
+async def test_500_concurrent_callers_batched_with_unbatched_decisions(
+        backend: str, request: pytest.FixtureRequest) -> None:
+    url = request.getfixturevalue("redis_url" if backend == "redis" else "cluster_url")
+    clock = FakeClock()
+    cls: type[RedisStore | RedisClusterStore] = RedisClusterStore if backend == "cluster" \
+        else RedisStore
+    store = cls.from_url(url, clock=clock, time_source="client", max_connections=2,
+                         timeout=1.0)
+    limiter = AsyncRateLimiter(store, on_error="deny")
+    memory = MemoryStore(clock=FakeClock())
+    calls = [(f"user:{i % 13}", RULES[i % len(RULES)], 1 + i % 3) for i in range(500)]
+    calls = [(k, r, min(c, r.capacity)) for k, r, c in calls]
+    want = [memory.hit(k, r, c) for k, r, c in calls]
+    got = await asyncio.gather(*[limiter.hit(k, r, c) for k, r, c in calls])
+    assert limiter.degraded_count == 0
+    assert got == want
+    assert store.round_trips < 10
+    # a second wave, mixed with peeks and hit_all, still agrees with one-by-one checks
+    before = store.round_trips
+    wave = [limiter.peek("user:1", RULES[0]), limiter.hit_all("user:2", RULES[:3]),
+            limiter.hit("fresh", RULES[4])]
+    got2 = await asyncio.gather(*wave)
+    want2 = [memory.peek("user:1", RULES[0]), memory.hit_all("user:2", RULES[:3]),
+             memory.hit("fresh", RULES[4])]
+    assert got2 == want2
+    assert store.round_trips == before + 1
+    await limiter.aclose()
+
+
+async def test_sequential_awaits_are_one_round_trip_each(redis_url: str) -> None:
+    store = RedisStore.from_url(redis_url)
+    await store.ahit("k", RULES[0])  # may load the script (NOSCRIPT -> EVAL)
+    start = store.round_trips
+    for i in range(5):
+        await store.ahit("k", RULES[i])
+        assert store.round_trips == start + i + 1
+    await store.aclose()
+
+
+def test_sync_is_one_round_trip_per_check(redis_url: str) -> None:
+    store = RedisStore.from_url(redis_url)
+    store.hit("k", RULES[0])  # the first call loads the script (NOSCRIPT -> EVAL)
+    start = store.round_trips
+    store.hit("k", RULES[1])
+    store.peek("k", RULES[2])
+    store.hit_all("k", RULES)
+    assert store.round_trips == start + 3
+    store.close()
+
+
+async def test_script_cache_flush_is_survived(redis_server: RedisServer,
+                                              redis_url: str) -> None:
+    store = RedisStore.from_url(redis_url)
+    rule = RULES[0]  # fixed_window, 7 per minute
+    assert (await store.ahit("k", rule)).remaining == 6
+    redis_server.client().script_flush()
+    ds = await asyncio.gather(*[store.ahit("k", rule) for _ in range(10)])
+    assert [d.remaining for d in ds] == [5, 4, 3, 2, 1, 0, 0, 0, 0, 0]
+    assert [d.allowed for d in ds] == [True] * 6 + [False] * 4
+    redis_server.client().script_flush()
+    store.reset("k", rule)
+    assert store.hit("k", rule).remaining == 6
+    await store.aclose()
+
+
+async def test_async_deadline(redis_url: str) -> None:
+    store = RedisStore.from_url(redis_url)
+    assert (await store.ahit("k", RULES[0])).allowed
+    with deadline.scope(0.0), pytest.raises(StorageError, match="deadline"):
+        await store.ahit("k", RULES[0])
+    with deadline.scope(0.01):
+        assert (await store.ahit("k", RULES[0])).allowed
+    await store.aclose()

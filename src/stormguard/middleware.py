@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Any
@@ -36,6 +37,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 RulesArg = RuleSet | Iterable[RuleSpec | Mapping[str, Any]] | str | os.PathLike[str]
+log = logging.getLogger("stormguard.middleware")
 _Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -95,6 +97,10 @@ class ClientIP:
             if not self.is_trusted(ip):
                 break
         return str(current)
+
+
+def _log_refused(exc: ConfigError) -> None:
+    log.error("stormguard: the store refused a rule, request passed unlimited: %s", exc)
 
 
 def _body(result: CheckResult) -> bytes:
@@ -160,7 +166,12 @@ class RateLimitMiddleware(_Base):
         if not plan:
             await self.app(scope, receive, send)
             return
-        result = await acheck_plan(self.limiter, plan)
+        try:
+            result = await acheck_plan(self.limiter, plan)
+        except ConfigError as exc:  # a rule the store cannot enforce: never a 500
+            _log_refused(exc)
+            await self.app(scope, receive, send)
+            return
         headers = [(k.lower().encode(), v.encode()) for k, v in result.headers().items()]
         if not result.allowed:
             body = _body(result)
@@ -217,7 +228,11 @@ class WSGIRateLimitMiddleware(_Base):
         attrs = self.attrs(environ)
         if not self.rules.match(attrs):
             return self.app(environ, start_response)
-        result = self.rules.check(self.limiter, attrs)
+        try:
+            result = self.rules.check(self.limiter, attrs)
+        except ConfigError as exc:  # a rule the store cannot enforce: never a 500
+            _log_refused(exc)
+            return self.app(environ, start_response)
         headers = list(result.headers().items())
         if not result.allowed:
             body = _body(result)

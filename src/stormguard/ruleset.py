@@ -42,15 +42,13 @@ import os
 import re
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
 
 from stormguard.decision import Decision
 from stormguard.errors import ConfigError
+from stormguard.limiter import AsyncRateLimiter, RateLimiter
 from stormguard.rules import _UNITS, DEFAULT_ALGORITHM, Rule
 from stormguard.stores.base import check_cost
-
-if TYPE_CHECKING:
-    from stormguard.limiter import AsyncRateLimiter, RateLimiter
 
 __all__ = [
     "FIELDS",
@@ -76,6 +74,8 @@ _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"
                       "CONNECT"})
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]+)\s*")
 MAX_RULES = 10_000
+_EXACT = 2**53
+_EXACT_ANY_SIZE = frozenset({"fixed_window", "sliding_window_log"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,10 +106,10 @@ class RulesError(ConfigError):
         return [{"rule": p.rule, "field": p.field, "problem": p.problem} for p in self.problems]
 
 
-@dataclass(frozen=True, slots=True)
-class RequestAttrs:
+class RequestAttrs(NamedTuple):
     """What the rules match on. ``None`` means "not known"; a rule scoped to an
-    attribute that is ``None`` does not apply to the request."""
+    attribute that is ``None`` does not apply to the request. (A named tuple: built
+    once per request on the hot path.)"""
 
     user: str | None = None
     api_key: str | None = None
@@ -268,6 +268,12 @@ def _validate(spec: RuleSpec) -> list[RuleProblem]:
         bad(exc.field, f"{exc.problem} (got {exc.value!r:.80})")
     except TypeError as exc:  # pragma: no cover - Rule validates types itself
         bad("rule", str(exc))
+    if rule is not None and rule.algorithm not in _EXACT_ANY_SIZE \
+            and rule.capacity * round(rule.window * 1_000_000) + rule.limit >= _EXACT:
+        # the Redis scripts compute in doubles: keep rules portable across every store
+        bad("limit", f"{rule.capacity} per {rule.window:g} s is too large for exact "
+            "arithmetic on Redis: capacity x window in microseconds must stay below 2**53; "
+            "use a shorter window or a smaller limit")
     if not out:
         object.__setattr__(spec, "rule", rule)
         object.__setattr__(spec, "_method", method)
@@ -534,8 +540,6 @@ def check_plan(limiter: RateLimiter, plan: Plan, cost: int = 1) -> CheckResult:
 async def acheck_plan(limiter: AsyncRateLimiter | RateLimiter, plan: Plan,
                       cost: int = 1) -> CheckResult:
     """:func:`check_plan` for an async limiter (a blocking one is called directly)."""
-    from stormguard.limiter import AsyncRateLimiter
-
     if not isinstance(limiter, AsyncRateLimiter):
         return check_plan(limiter, plan, cost)
     if len(plan) == 1 and not plan[0][1].shadow:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from stormguard import Decision, Rule, StorageError, Store
+from stormguard import ConfigError, Decision, Rule, StorageError, Store
 from stormguard.testing import FakeClock
 
 RULES = [
@@ -42,3 +42,12 @@ class DownStore(Store):
 
     def ping(self) -> bool:
         raise self._fail()
+
+
+class RefusingStore(DownStore):
+    """A store that cannot enforce the rules it is given (ConfigError, as RedisStore
+    raises for a rule too large for its arithmetic)."""
+
+    def _fail(self) -> StorageError:
+        self.calls += 1
+        raise ConfigError("rule", "x", "too large for this store (test)")

@@ -12,7 +12,7 @@ from stormguard import AsyncRateLimiter, MemoryStore, RateLimiter
 from stormguard.service import create_app
 from stormguard.service.app import MAX_BODY
 from stormguard.testing import FakeClock
-from tests.service.helpers import RULES, DownStore
+from tests.service.helpers import RULES, DownStore, RefusingStore
 
 
 @pytest.fixture
@@ -213,3 +213,14 @@ async def test_blocking_limiter_is_accepted(clock: FakeClock) -> None:
         r = await c.post("/v1/check", json={"key": "user:1", "rule": "search"})
         assert r.json()["remaining"] == 2
         assert (await c.get("/readyz")).status_code == 200
+
+
+async def test_a_rule_the_store_refuses_is_a_422_not_a_500() -> None:
+    app = create_app(AsyncRateLimiter(RefusingStore()), RULES, admin_token=None)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://sg") as c:
+        r = await c.post("/v1/check", json={"key": "user:1", "rule": "search"})
+        assert r.status_code == 422
+        assert "the store refuses the rule" in r.json()["error"]
+        r = await c.post("/v1/check/batch", json={"checks": [{"user": "1", "ip": "i"}]})
+        assert r.status_code == 422

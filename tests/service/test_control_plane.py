@@ -138,6 +138,12 @@ async def test_invalid_rule_set_is_refused_whole(admin: httpx.AsyncClient) -> No
     assert r.status_code == 422
     r = await admin.put("/v1/rules", headers=AUTH, content=b"{")
     assert r.status_code == 400
+    r = await admin.put("/v1/rules", headers=AUTH, json={"version": 0})  # no "rules"
+    assert r.status_code == 422
+    assert r.json()["field"] == "rules"
+    r = await admin.patch("/v1/rules/search", headers=AUTH)
+    assert r.status_code == 405
+    assert set(r.headers["allow"].split(", ")) == {"GET", "HEAD", "PUT", "DELETE"}
 
 
 async def test_put_replaces_whole_set(admin: httpx.AsyncClient) -> None:
@@ -286,3 +292,31 @@ async def test_redis_down_for_rules_is_503_not_500(clock: FakeClock, redis_url: 
         assert r.status_code == 200
         assert len(r.json()["rules"]) == 3
     await app.state.service.stop()
+
+
+async def test_two_instances_share_counters_and_rules_on_redis(redis_url: str) -> None:
+    """The central deployment: two service instances on one Redis for counters and rules
+    (runs once ``stormguard.stores.redis`` is in the tree)."""
+    pytest.importorskip("stormguard.stores.redis")
+    rules = [{"name": "shared", "scope": "user", "limit": 3, "window": 60,
+              "algorithm": "fixed_window"}]
+    apps = [create_app(AsyncRateLimiter(redis_url), rules, admin_token=TOKEN,
+                       rules_url=redis_url, poll_interval=0.02) for _ in range(2)]
+    for app in apps:
+        await app.state.service.start()
+    try:
+        async with _client(apps[0]) as a, _client(apps[1]) as b:
+            answers = [await c.post("/v1/check", json={"user": "7"}) for c in (a, b, a, b)]
+            assert [r.json()["allowed"] for r in answers] == [True, True, True, False]
+            assert answers[3].json()["degraded"] is False
+            assert (await b.get("/readyz")).status_code == 200
+            r = await a.put("/v1/rules/shared", headers=AUTH,
+                            json={"scope": "user", "limit": 5, "window": 60,
+                                  "algorithm": "fixed_window"})
+            assert r.status_code == 200
+            await _within_one_second(
+                lambda: apps[1].state.service.source.current.get("shared").limit == 5)
+    finally:
+        for app in apps:
+            await app.state.service.stop()
+            await app.state.service.limiter.aclose()

@@ -18,7 +18,7 @@ from starlette.routing import Route
 from stormguard import AsyncRateLimiter, ConfigError, MemoryStore, RateLimiter
 from stormguard.middleware import ClientIP, RateLimitMiddleware, WSGIRateLimitMiddleware
 from stormguard.testing import FakeClock
-from tests.service.helpers import DownStore
+from tests.service.helpers import DownStore, RefusingStore
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = [
@@ -261,3 +261,14 @@ def test_flask_example(clock: FakeClock) -> None:
         r = c.get("/")
         assert r.json() == {"hello": "world"}
         assert "x-ratelimit-limit" in r.headers
+
+
+async def test_a_rule_the_store_refuses_passes_the_request_never_500() -> None:
+    app = asgi_app(AsyncRateLimiter(RefusingStore()))
+    async with asgi_client(app) as c:
+        r = await c.get("/")
+    assert r.status_code == 200
+    assert r.json() == {"hello": "world"}
+    wsgi = WSGIRateLimitMiddleware(wsgi_app, limiter=RateLimiter(RefusingStore()), rules=RULES)
+    with wsgi_client(wsgi) as c:
+        assert c.get("/").status_code == 200

@@ -274,3 +274,14 @@ def test_grouped_check_is_exact_under_threads(clock: FakeClock) -> None:
     c = rs.get("c")
     assert c is not None
     assert limiter.peek("ip:i", c.rule).remaining == 900
+
+
+def test_rules_too_large_for_exact_redis_arithmetic_are_refused() -> None:
+    with pytest.raises(RulesError, match="2\\*\\*53") as info:
+        RuleSet.from_data([{"name": "huge", "scope": "ip", "limit": 10**9, "window": 60}])
+    assert info.value.problems[0].field == "limit"
+    ok = RuleSet.from_data([  # the counting windows have no such bound
+        {"name": "fw", "scope": "ip", "limit": 10**9, "window": 60,
+         "algorithm": "fixed_window"},
+        {"name": "fine", "scope": "ip", "limit": 10**8, "window": 60}])
+    assert len(ok) == 2

@@ -266,7 +266,11 @@ class Service:
 
     async def _run(self, plan: Plan, cost: int) -> CheckResult:
         t0 = time.perf_counter()
-        result = await acheck_plan(self.limiter, plan, cost)
+        try:
+            result = await acheck_plan(self.limiter, plan, cost)
+        except ConfigError as exc:  # a rule this store cannot enforce: say so, never a 500
+            raise ApiError(422, f"the store refuses the rule: {exc}"[:500],
+                           field=exc.field) from None
         self.metrics.record(result, time.perf_counter() - t0)
         return result
 
@@ -344,7 +348,9 @@ class Service:
     async def put_rules(self, request: Request) -> Response:
         self._authorize(request)
         body = await _read_json(request)
-        if isinstance(body, dict) and "version" in body:
+        if isinstance(body, dict):
+            if "rules" not in body:
+                raise ApiError(422, "rules: required (the whole new rule set)", field="rules")
             body = {k: v for k, v in body.items() if k != "version"}  # If-Match decides
         new = RuleSet.from_data(body)  # validated whole before anything is stored
 
@@ -435,6 +441,17 @@ def _handle(handler: Any) -> Any:
     return endpoint
 
 
+def _by_method(**handlers: Any) -> Any:
+    wrapped = {method: _handle(h) for method, h in handlers.items()}
+    wrapped["HEAD"] = wrapped["GET"]
+
+    async def endpoint(request: Request) -> Response:
+        response: Response = await wrapped[request.method](request)
+        return response
+
+    return endpoint
+
+
 async def _http_error(request: Request, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
@@ -493,11 +510,12 @@ def create_app(limiter: AsyncRateLimiter | RateLimiter | None = None,
     routes = [
         Route("/v1/check", check_endpoint, methods=["POST"]),  # 405 for other methods
         Route("/v1/check/batch", _handle(s.check_batch), methods=["POST"]),
-        Route("/v1/rules", _handle(s.get_rules), methods=["GET"]),
-        Route("/v1/rules", _handle(s.put_rules), methods=["PUT"]),
-        Route("/v1/rules/{name}", _handle(s.get_rule), methods=["GET"]),
-        Route("/v1/rules/{name}", _handle(s.put_rule), methods=["PUT"]),
-        Route("/v1/rules/{name}", _handle(s.delete_rule), methods=["DELETE"]),
+        # one route per path, dispatching on the method, so a 405 lists every method
+        Route("/v1/rules", _by_method(GET=s.get_rules, PUT=s.put_rules),
+              methods=["GET", "PUT"]),
+        Route("/v1/rules/{name}", _by_method(GET=s.get_rule, PUT=s.put_rule,
+                                             DELETE=s.delete_rule),
+              methods=["GET", "PUT", "DELETE"]),
         Route("/healthz", s.healthz, methods=["GET"]),
         Route("/readyz", s.readyz, methods=["GET"]),
         Route("/metrics", s.metrics_endpoint, methods=["GET"]),

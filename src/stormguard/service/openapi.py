@@ -59,23 +59,24 @@ def _document() -> dict[str, Any]:
             "window": {"type": ["number", "string"], "examples": [60, "1m"]},
             "algorithm": {"enum": ["fixed_window", "sliding_window_log",
                                    "sliding_window_counter", "token_bucket", "gcra",
-                                   "leaky_bucket"]},
+                                   "leaky_bucket", None]},
             "burst": {"type": ["integer", "null"], "minimum": 1},
-            "shadow": {"type": "boolean"},
+            "shadow": {"type": ["boolean", "null"]},
         },
     }
-    check = {
-        "type": "object",
-        "additionalProperties": False,
-        "description": "Either key + rule, or request attributes that the rules match.",
-        "properties": {
-            "key": {"type": "string", "minLength": 1, "maxLength": 4096},
-            "rule": {"type": "string"},
-            "user": _STR_OR_NULL, "api_key": _STR_OR_NULL, "ip": _STR_OR_NULL,
-            "method": _STR_OR_NULL, "path": _STR_OR_NULL, "tier": _STR_OR_NULL,
-            "cost": {"type": "integer", "minimum": 1, "default": 1},
-        },
-    }
+    cost = {"type": "integer", "minimum": 1, "default": 1,
+            "description": "at most the capacity of every rule it meets (else 422)"}
+    key_check = {
+        "type": "object", "required": ["key", "rule"], "additionalProperties": False,
+        "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 4096},
+                       "rule": {"type": "string"}, "cost": cost}}
+    attr_check = {
+        "type": "object", "additionalProperties": False,
+        "properties": {"user": _STR_OR_NULL, "api_key": _STR_OR_NULL, "ip": _STR_OR_NULL,
+                       "method": _STR_OR_NULL, "path": _STR_OR_NULL, "tier": _STR_OR_NULL,
+                       "cost": cost}}
+    check = {"description": "Either key + rule, or request attributes that the rules match.",
+             "oneOf": [key_check, attr_check]}
     result = {
         "type": "object",
         "required": ["allowed", "limit", "remaining", "reset_after", "retry_after", "rule",

@@ -202,10 +202,13 @@ class SlidingWindowCounter(Algorithm):
                 retry = (W - (free * W) // prev) - elapsed
             else:
                 # next window: cur becomes prev
-                w2 = min(W, ((N - cost) * W) // cur)
+                w2 = ((N - cost) * W) // cur
+                if w2 > W:
+                    w2 = W
                 retry = start + W + (W - w2) - now
         remaining = (N * W - prev_part) // W - cur
-        remaining = max(remaining, 0)
+        if remaining < 0:
+            remaining = 0
         if cur:
             reset = start + 2 * W - now
         elif prev:
@@ -243,7 +246,8 @@ class SlidingWindowLog(Algorithm):
         log: list[int] = entry[1]
         if log and now < log[-1]:
             now = log[-1]  # a clock that stepped back: never reorder the log
-        i = bisect_right(log, now - W)
+        cut = now - W
+        i = bisect_right(log, cut) if log and log[0] <= cut else 0
         live = len(log) - i
         if live + cost <= N:
             if consume:
@@ -288,7 +292,8 @@ class TokenBucket(Algorithm):
         elapsed = now - entry[2]
         if elapsed > 0:
             level += elapsed * N
-            level = min(level, cap)
+            if level > cap:
+                level = cap
         else:
             now = entry[2]  # the clock stepped back (or stood still): no time passed
         need = cost * W
@@ -301,8 +306,8 @@ class TokenBucket(Algorithm):
                 entry[2] = now
         else:
             allowed = False
-            retry = _ceil_div(need - level, N)
-        reset = _ceil_div(cap - level, N)
+            retry = -((level - need) // N)  # ceil((need - level) / N)
+        reset = -((level - cap) // N)
         if allowed and consume:
             entry[0] = now + reset
         return _new(Decision, (allowed, self.B, level // W, reset / 1e6, retry / 1e6,
@@ -332,7 +337,8 @@ class Gcra(Algorithm):
         tol = self.B * W
         nows = now * N
         base = entry[1]
-        base = max(base, nows)
+        if base < nows:
+            base = nows
         new_tat = base + cost * W
         if new_tat - nows <= tol:
             allowed = True
@@ -342,9 +348,9 @@ class Gcra(Algorithm):
                 entry[1] = new_tat
         else:
             allowed = False
-            retry = _ceil_div(new_tat - nows - tol, N)
+            retry = -((nows + tol - new_tat) // N)
         debt = base - nows
-        reset = _ceil_div(debt, N)
+        reset = -((-debt) // N)
         if allowed and consume:
             entry[0] = now + reset
         return _new(Decision, (allowed, self.B, (tol - debt) // W, reset / 1e6, retry / 1e6,
@@ -374,7 +380,8 @@ class LeakyBucket(Algorithm):
         elapsed = now - entry[2]
         if elapsed > 0:
             level -= elapsed * N
-            level = max(level, 0)
+            if level < 0:
+                level = 0
         else:
             now = entry[2]  # the clock stepped back (or stood still): no time passed
         add = cost * W
@@ -387,8 +394,8 @@ class LeakyBucket(Algorithm):
                 entry[2] = now
         else:
             allowed = False
-            retry = _ceil_div(level + add - cap, N)
-        reset = _ceil_div(level, N)
+            retry = -((cap - add - level) // N)
+        reset = -((-level) // N)
         if allowed and consume:
             entry[0] = now + reset
         return _new(Decision, (allowed, self.B, (cap - level) // W, reset / 1e6, retry / 1e6,

@@ -164,3 +164,48 @@ def test_random_operations_on_tiny_stores_never_crash_or_overflow() -> None:
             if max_keys == 1000:
                 assert pair[0] == pair[1]
             clock.advance(rng.choice([0, 0, 0.001, 0.01, 0.3, 2]))
+
+
+def test_eviction_order_is_exactly_least_recently_used() -> None:
+    # A model LRU next to the store: every hit (allowed or denied) and every hit_all
+    # makes its keys the most recent; a hot key hit again and again stays in place only
+    # while it is already the most recent one.
+    import random
+    from collections import OrderedDict
+
+    rng = random.Random(7)
+    clock = FakeClock(start=NOON + 1)
+    rules = [Rule(10**6, 3600, algorithm="fixed_window", name="a"),
+             Rule(10**6, 3600, algorithm="token_bucket", name="b")]
+    store = MemoryStore(clock=clock, max_keys=4)
+    model: OrderedDict[tuple[str, str], None] = OrderedDict()
+
+    def use(k: tuple[str, str]) -> None:
+        if k in model:
+            model.move_to_end(k)
+        else:
+            model[k] = None
+
+    for _ in range(3000):
+        key = rng.choice("abcdefg"[: rng.randint(1, 7)])
+        op = rng.random()
+        if op < 0.6:
+            rule = rng.choice(rules)
+            store.hit(key, rule)
+            use((rule.name, key))
+        elif op < 0.9:
+            subset = rng.sample(rules, 2)
+            store.hit_all(key, subset)
+            for r in subset:  # keys already held move first, then new ones are added
+                if (r.name, key) in model:
+                    use((r.name, key))
+            for r in subset:
+                model.setdefault((r.name, key))
+        else:
+            rule = rng.choice(rules)
+            store.reset(key, rule)
+            model.pop((rule.name, key), None)
+        while len(model) > 4:
+            model.popitem(last=False)
+        names = {r._id: r.name for r in rules}
+        assert [(names[i], k) for i, k in store._data] == list(model)

@@ -49,6 +49,8 @@ class MemoryStore(Store):
         self._acquire = self._lock.acquire
         self._release = self._lock.release
         self._last_sweep = -_SWEEP_INTERVAL_US
+        # the entry last moved to the MRU end: hitting it again needs no move (a hot key)
+        self._mru: list[Any] | None = None
         self.evictions = 0
         """Keys evicted (not expired) because the store was full."""
 
@@ -85,9 +87,12 @@ class MemoryStore(Store):
                     if len(self._data) >= self.max_keys:
                         self._make_room(now, self.max_keys - 1)
                     self._data[k] = entry
+                    self._mru = entry
             else:
                 d = algo.apply(entry, now, cost, True)
-                self._touch(k)
+                if entry is not self._mru:
+                    self._touch(k)
+                    self._mru = entry
         finally:
             self._release()
         return d
@@ -119,6 +124,7 @@ class MemoryStore(Store):
                 entry = data.get(k)
                 if entry is not None:
                     data.move_to_end(k)
+                    self._mru = entry
                 entries.append((k, entry, rule._algo))
             decisions = [algo.apply(e if e is not None else algo.fresh(), now, cost, False)
                          for _, e, algo in entries]
@@ -129,6 +135,7 @@ class MemoryStore(Store):
                     decisions.append(algo.apply(entry, now, cost, True))
                     if found is None:
                         data[k] = entry
+                        self._mru = entry
                 if len(data) > self.max_keys:
                     # evicts least recently used keys first: this call's keys are the most recent
                     self._make_room(now, self.max_keys)

@@ -209,3 +209,18 @@ def test_eviction_order_is_exactly_least_recently_used() -> None:
             model.popitem(last=False)
         names = {r._id: r.name for r in rules}
         assert [(names[i], k) for i, k in store._data] == list(model)
+
+
+def test_a_long_log_drops_expired_entries_in_bulk_and_stays_small() -> None:
+    # 200 live entries, one admission per step: the stored list never grows past twice the
+    # live entries (expired ones are cut in bulk, not one memmove per admission).
+    clock = FakeClock(start=NOON + 1)
+    store = MemoryStore(clock=clock)
+    rule = Rule(limit=200, window=2, algorithm="sliding_window_log")
+    longest = 0
+    for _ in range(5000):
+        assert store.hit("k", rule).allowed
+        longest = max(longest, len(store._data[(rule._id, "k")][1]))
+        clock.advance(0.01)
+    assert store.peek("k", rule).remaining == 1  # the oldest of the last 200 just expired
+    assert 200 < longest <= 2 * 200 + 1

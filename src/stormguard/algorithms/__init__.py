@@ -225,41 +225,48 @@ class SlidingWindowLog(Algorithm):
     """Exact: a request at ``t`` counts during ``[t, t + W)``; never more than ``N`` in any
     half-open interval of length ``W``. Memory is O(limit) per key.
 
-    Entry: ``[expires, log]`` where ``log`` is a sorted list with one admission time per
-    unit of cost (the pure form's state is a tuple)."""
+    Entry: ``[expires, log, head]`` where ``log`` is a sorted list with one admission
+    time per unit of cost and ``log[:head]`` have expired. Expired entries are cut off
+    in bulk once they are at least half of the list, so an admission costs O(1)
+    amortised however many entries are live (the pure form's state is a tuple of the
+    live entries)."""
 
     __slots__ = ()
     name = "sliding_window_log"
 
     def fresh(self) -> list[Any]:
-        return [0, []]
+        return [0, [], 0]
 
     def decide(self, state: Any, now: int, cost: int, consume: bool) -> Verdict:
         allowed, new_state, remaining, reset, retry, exp = super().decide(
-            None if state is None else (list(state),), now, cost, consume)
-        new_state = tuple(new_state[0]) if allowed and consume else state
+            None if state is None else (list(state), 0), now, cost, consume)
+        new_state = tuple(new_state[0][new_state[1]:]) if allowed and consume else state
         return (allowed, new_state, remaining, reset, retry, exp)
 
     def apply(self, entry: list[Any], now: int, cost: int, consume: bool) -> Decision:
         W = self.W
         N = self.N
         log: list[int] = entry[1]
-        if log and now < log[-1]:
+        i: int = entry[2]
+        size = len(log)
+        if size and now < log[-1]:
             now = log[-1]  # a clock that stepped back: never reorder the log
         cut = now - W
-        i = bisect_right(log, cut) if log and log[0] <= cut else 0
-        live = len(log) - i
+        if size > i and log[i] <= cut:
+            i = bisect_right(log, cut, i)
+        live = size - i
         if live + cost <= N:
             if consume:
-                if i:
-                    del log[:i]
+                if i and i * 2 >= size:
+                    del log[:i]  # amortised: at least as many entries cut as remain
+                    i = 0
+                entry[2] = i
                 if cost == 1:
                     log.append(now)
                 else:
                     log.extend([now] * cost)
                 live += cost
                 entry[0] = now + W
-                i = 0
             reset = (log[-1] + W - now) / 1e6 if live else 0.0
             return _new(Decision, (True, N, N - live, reset, 0.0, self.rule, False))
         k = live + cost - N  # how many of the oldest live entries must expire

@@ -144,13 +144,17 @@ def test_server_time_agrees_across_skewed_clients(server: RedisServer) -> None:
     assert [d.allowed for d in results] == [True] * 10 + [False] * 2
     # both see the same window: reset times agree to well under a second
     assert abs(results[10].retry_after - results[11].retry_after) < 0.5
-    # client time with these clocks would not agree (different windows)
+    # client time with these clocks does not agree on the window: the client behind is
+    # held to the newer window the other wrote (no extra admissions), as if its clock
+    # were at that window's start, so it waits a whole window
     c1 = RedisStore.from_url(server.url, clock=ahead, time_source="client", prefix="c",
                              timeout=1.0)
     c2 = RedisStore.from_url(server.url, clock=behind, time_source="client", prefix="c",
                              timeout=1.0)
-    assert all(c1.hit("x", rule, cost=10).allowed for _ in range(1))
-    assert c2.hit("x", rule, cost=10).allowed
+    assert c1.hit("x", rule, cost=10).allowed
+    d = c2.hit("x", rule, cost=10)
+    assert not d.allowed
+    assert d.retry_after == 60.0
     for s in (s1, s2, c1, c2):
         s.close()
 

@@ -4,7 +4,13 @@ ALGOS['fw'] = function() return {
   decide = function(st, now, N, W, B, cost, consume)
     local w = fdiv(now, W)
     local used = 0
-    if st and st[1] == w then
+    if st and st[1] >= w then
+      if st[1] > w then
+        -- the clock stepped back (or this client's clock is behind the one that wrote
+        -- the state): stay in the newer window, as if now were its start
+        w = st[1]
+        now = w * W
+      end
       used = st[2]
     end
     local e = (w + 1) * W

@@ -14,6 +14,10 @@ ALGOS['lb'] = function() return {
         else
           level = level - elapsed * N
         end
+      else
+        -- the clock stepped back (or stood still): no time passed, and the stored
+        -- timestamp is kept, so a later call with a faster clock gets no extra drain
+        now = st[2]
       end
     end
     local add = cost * W

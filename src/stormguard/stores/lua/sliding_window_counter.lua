@@ -6,7 +6,13 @@ ALGOS['swc'] = function() return {
     local start = w * W
     local cur, prev = 0, 0
     if st then
-      if st[1] == w then
+      if st[1] >= w then
+        if st[1] > w then
+          -- the clock stepped back: stay in the newer window, as if now were its start
+          w = st[1]
+          start = w * W
+          now = start
+        end
         cur = st[2]
         prev = st[3]
       elseif st[1] == w - 1 then

@@ -360,7 +360,10 @@ class Gcra(Algorithm):
         reset = -((-debt) // N)
         if allowed and consume:
             entry[0] = now + reset
-        return _new(Decision, (allowed, self.B, (tol - debt) // W, reset / 1e6, retry / 1e6,
+        remaining = (tol - debt) // W
+        if remaining < 0:  # a clock that stepped back sees the skew as debt beyond tol
+            remaining = 0
+        return _new(Decision, (allowed, self.B, remaining, reset / 1e6, retry / 1e6,
                                self.rule, False))
 
     def expires(self, entry: list[Any], now: int) -> int:

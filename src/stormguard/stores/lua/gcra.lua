@@ -25,11 +25,16 @@ ALGOS['gcra'] = function() return {
       local reset = cdiv(debt, N)
       return true, st, fdiv(tol - debt, W), reset, 0, now + reset
     end
-    -- denied: the same formulas, from the parts (exact while limit x window < 2^53)
+    -- denied: the same formulas, from the parts
     local retry = d + cdiv(need - tol + r, N)  -- ceil((debt + need - tol) / N)
     local reset = d + cdiv(r, N)  -- ceil(debt / N)
     local dq = fdiv(d, W)
     local remaining = fdiv(tol - r - (d - dq * W) * N, W) - dq * N  -- floor((tol - debt) / W)
+    if remaining < 0 then
+      -- a clock far behind the state: never below zero (and a large negative value,
+      -- whose low digits a double may lose when limit x window >= 2^53, never shows)
+      remaining = 0
+    end
     return false, st, remaining, reset, retry, now + reset
   end,
   save = putnums,

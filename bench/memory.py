@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python bench/memory.py           # full run (a few minutes)
     PYTHONPATH=src python bench/memory.py --quick   # fewer iterations, 10,000 keys
+    STORMGUARD_PURE=1 PYTHONPATH=src python bench/memory.py --no-peers   # pure-Python hot path
 
 For every algorithm, on the allowed and the denied path, with 1 key and with 100,000
 keys (cycled round-robin, all created before timing), single thread: the minimum over
@@ -32,7 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from stormguard import MemoryStore, Rule
+from stormguard import MemoryStore, Rule, _speedups
 from stormguard import __version__ as sg_version
 
 Check = Callable[[str], Any]
@@ -225,6 +226,7 @@ def main() -> None:
     versions = {p: md.version(p) for p in ("limits", "throttled-py", "pyrate-limiter")}
     print(f"Python {platform.python_version()} on {platform.machine()}, stormguard "
           f"{sg_version}, " + ", ".join(f"{p} {v}" for p, v in versions.items()))
+    print(f"stormguard hot path: {_speedups.STATUS}")
     print(f"µs per check, min of {repeats} x {n:,} checks; ratio = peer fastest / stormguard")
     print()
     header = (f"{'algorithm':<24}{'path':<9}{'keys':>8}{'stormguard':>12}{'limits':>10}"

@@ -4,8 +4,13 @@ from collections.abc import Iterator
 
 import pytest
 
+from stormguard import _speedups
 from stormguard.testing import FakeClock
 from tests.redis_servers import RedisCluster, RedisServer, start_cluster, start_redis
+
+
+def pytest_report_header() -> str:
+    return f"stormguard hot path: {_speedups.STATUS}"
 
 
 @pytest.fixture

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+# first: decides whether the compiled hot path may be imported (see stormguard._speedups)
+from stormguard import _speedups  # noqa: F401
 from stormguard._clock import Clock, SystemClock
 from stormguard.decision import Decision
 from stormguard.errors import (

@@ -46,7 +46,7 @@ leaky_bucket               ``(level, last_us)``; level in scaled units
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from stormguard.decision import Decision
 
@@ -86,11 +86,11 @@ class Algorithm:
     """
 
     __slots__ = ("B", "N", "W", "rule")
-    name: str = ""
+    name: ClassVar[str] = ""
     #: True when ``burst`` means something for this algorithm.
-    uses_burst: bool = False
+    uses_burst: ClassVar[bool] = False
     #: the entry of a key never seen
-    FRESH: tuple[Any, ...] = ()
+    FRESH: ClassVar[tuple[int, ...]] = ()
 
     def __init__(self, limit: int, window_us: int, burst: int, rule: Rule | None = None) -> None:
         self.N = limit
@@ -131,10 +131,10 @@ class FixedWindow(Algorithm):
     FRESH = (-1, 0)
 
     def apply(self, entry: list[Any], now: int, cost: int, consume: bool) -> Decision:
-        W = self.W
-        N = self.N
+        W: int = self.W
+        N: int = self.N
         w = now // W
-        used = 0
+        used: int = 0
         if entry[1] >= w:
             if entry[1] > w:  # the clock stepped back: stay in the newer window
                 w = entry[1]
@@ -167,17 +167,17 @@ class SlidingWindowCounter(Algorithm):
     FRESH = (-2, 0, 0)
 
     def apply(self, entry: list[Any], now: int, cost: int, consume: bool) -> Decision:
-        W = self.W
-        N = self.N
+        W: int = self.W
+        N: int = self.N
         w = now // W
         start = w * W
-        sw = entry[1]
+        sw: int = entry[1]
         if sw >= w:
             if sw > w:  # the clock stepped back: stay in the newer window
                 w = sw
                 start = now = w * W
-            cur = entry[2]
-            prev = entry[3]
+            cur: int = entry[2]
+            prev: int = entry[3]
         elif sw == w - 1:
             cur = 0
             prev = entry[2]
@@ -244,8 +244,8 @@ class SlidingWindowLog(Algorithm):
         return (allowed, new_state, remaining, reset, retry, exp)
 
     def apply(self, entry: list[Any], now: int, cost: int, consume: bool) -> Decision:
-        W = self.W
-        N = self.N
+        W: int = self.W
+        N: int = self.N
         log: list[int] = entry[1]
         i: int = entry[2]
         size = len(log)
@@ -292,10 +292,10 @@ class TokenBucket(Algorithm):
         return [0, self.B * self.W, 0]
 
     def apply(self, entry: list[Any], now: int, cost: int, consume: bool) -> Decision:
-        W = self.W
-        N = self.N
+        W: int = self.W
+        N: int = self.N
         cap = self.B * W
-        level = entry[1]
+        level: int = entry[1]
         elapsed = now - entry[2]
         if elapsed > 0:
             level += elapsed * N
@@ -339,11 +339,11 @@ class Gcra(Algorithm):
     FRESH = (0,)
 
     def apply(self, entry: list[Any], now: int, cost: int, consume: bool) -> Decision:
-        W = self.W
-        N = self.N
+        W: int = self.W
+        N: int = self.N
         tol = self.B * W
         nows = now * N
-        base = entry[1]
+        base: int = entry[1]
         if base < nows:
             base = nows
         new_tat = base + cost * W
@@ -383,10 +383,10 @@ class LeakyBucket(Algorithm):
     FRESH = (0, 0)
 
     def apply(self, entry: list[Any], now: int, cost: int, consume: bool) -> Decision:
-        W = self.W
-        N = self.N
+        W: int = self.W
+        N: int = self.N
         cap = self.B * W
-        level = entry[1]
+        level: int = entry[1]
         elapsed = now - entry[2]
         if elapsed > 0:
             level -= elapsed * N

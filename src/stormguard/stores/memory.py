@@ -32,11 +32,12 @@ class MemoryStore(Store):
       size ``max_keys`` above your number of concurrently active keys.
     """
 
-    def __init__(self, *, clock: Clock | None = None, max_keys: int = DEFAULT_MAX_KEYS) -> None:
-        if isinstance(max_keys, bool) or not isinstance(max_keys, int) or max_keys < 1:
+    def __init__(self, *, clock: Clock | None = None,
+                 max_keys: object = DEFAULT_MAX_KEYS) -> None:
+        if type(max_keys) is not int or max_keys < 1:  # bool is rejected too
             raise ConfigError("max_keys", max_keys, "must be a positive integer")
         self.clock = clock if clock is not None else system_clock
-        self.max_keys = max_keys
+        self.max_keys: int = max_keys
         self._wall = self.clock.wall
         wall_ns = getattr(self.clock, "wall_ns", None)
         self._wall_ns: Callable[[], int] = (
@@ -68,12 +69,15 @@ class MemoryStore(Store):
     def _now(self) -> int:
         return self._wall_ns() // 1000
 
-    def hit(self, key: str, rule: Rule, cost: int = 1) -> Decision:
+    # key and cost are typed `object` (wider than Store's, which is allowed): when this
+    # module is compiled, mypyc would otherwise reject bad values with a TypeError that
+    # names neither the field nor the problem before our checks could run.
+    def hit(self, key: object, rule: Rule, cost: object = 1) -> Decision:
         # The hot path: one lock, one dict lookup, one apply() that updates the entry in place.
         if type(key) is not str:
             raise key_error(key)
-        if cost != 1 or type(cost) is not int:
-            check_cost(rule, cost)
+        if type(cost) is not int or cost != 1:
+            cost = check_cost(rule, cost)
         now = self._wall_ns() // 1000
         k = (rule._id, key)
         algo = rule._algo
@@ -97,20 +101,22 @@ class MemoryStore(Store):
             self._release()
         return d
 
-    def peek(self, key: str, rule: Rule, cost: int = 1) -> Decision:
+    def peek(self, key: object, rule: Rule, cost: object = 1) -> Decision:
         if type(key) is not str:
             raise key_error(key)
-        if cost != 1 or type(cost) is not int:
-            check_cost(rule, cost)
+        if type(cost) is not int or cost != 1:
+            cost = check_cost(rule, cost)
         now = self._now()
         algo = rule._algo
         with self._lock:
             entry = self._get((rule._id, key))
             return algo.apply(algo.fresh() if entry is None else entry, now, cost, False)
 
-    def hit_all(self, key: str, rules: Sequence[Rule], cost: int = 1) -> Decision:
+    def hit_all(self, key: object, rules: Sequence[Rule], cost: object = 1) -> Decision:
         if type(key) is not str:
             raise key_error(key)
+        if type(cost) is not int:  # bool too; check_rules checks the value of an int
+            raise ConfigError("cost", cost, "must be a positive integer")
         rules = check_rules(rules, cost)
         if len(rules) == 1:
             return self.hit(key, rules[0], cost)
@@ -143,7 +149,7 @@ class MemoryStore(Store):
                 decisions = [d if not d[0] else d.replace(allowed=False) for d in decisions]
         return binding(decisions)
 
-    def reset(self, key: str, rule: Rule | Sequence[Rule]) -> None:
+    def reset(self, key: object, rule: Rule | Sequence[Rule]) -> None:
         if type(key) is not str:
             raise key_error(key)
         rules = (rule,) if isinstance(rule, Rule) else tuple(rule)

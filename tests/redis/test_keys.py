@@ -159,17 +159,25 @@ def test_server_time_agrees_across_skewed_clients(server: RedisServer) -> None:
         s.close()
 
 
-def test_lua_files_are_inside_the_wheel(tmp_path: Path) -> None:
+def test_wheel_holds_the_lua_scripts_and_the_compiled_hot_path(tmp_path: Path) -> None:
     pytest.importorskip("hatchling", reason="building the wheel needs hatchling")
     root = Path(__file__).resolve().parents[2]
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(tmp_path), str(root)], check=True, timeout=120)
+                    "-q", "-w", str(tmp_path), str(root)], check=True, timeout=300)
     (wheel,) = tmp_path.glob("stormguard-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     lua = importlib.resources.files("stormguard.stores") / "lua"
     for p in lua.iterdir():
         if p.name.endswith(".lua"):
             assert f"stormguard/stores/lua/{p.name}" in names
+    # the build compiled the hot path (hatch_build.py): extension modules, their manifest,
+    # the sources they were built from, and a platform tag
+    assert "stormguard/_speedups.json" in names
+    for stem in ("stormguard__mypyc.", "stormguard/algorithms/__init__.",
+                 "stormguard/stores/memory."):
+        assert any(n.startswith(stem) and n.endswith(".so") for n in names), stem
+    assert "stormguard/algorithms/__init__.py" in names
+    assert not wheel.name.endswith("-none-any.whl"), wheel.name
 
 
 def test_stormguard_imports_without_redis_py() -> None:

@@ -85,7 +85,7 @@ class Algorithm:
     immutable state tuples, built on :meth:`apply` over a copy.
     """
 
-    __slots__ = ("B", "N", "W", "rule")
+    __slots__ = ("B", "C", "N", "W", "rule")
     name: ClassVar[str] = ""
     #: True when ``burst`` means something for this algorithm.
     uses_burst: ClassVar[bool] = False
@@ -96,6 +96,9 @@ class Algorithm:
         self.N = limit
         self.W = window_us
         self.B = burst if self.uses_burst else limit
+        #: the capacity in scaled units (``B * W``), computed once: with large limits it
+        #: is a big integer, costly to rebuild on every check
+        self.C = self.B * window_us
         self.rule = rule
 
     def fresh(self) -> list[Any]:
@@ -135,12 +138,15 @@ class FixedWindow(Algorithm):
         N: int = self.N
         w = now // W
         used: int = 0
-        if entry[1] >= w:
-            if entry[1] > w:  # the clock stepped back: stay in the newer window
-                w = entry[1]
+        sw: int = entry[1]
+        if sw >= w:
+            if sw > w:  # the clock stepped back: stay in the newer window
+                w = sw
                 now = w * W
             used = entry[2]
-        end = (w + 1) * W
+        # no multiplication: compiled, a product above 2**31 (any window over 35 min in µs)
+        # leaves the machine-integer fast path
+        end = now - now % W + W
         if used + cost <= N:
             if consume:
                 used += cost
@@ -170,7 +176,7 @@ class SlidingWindowCounter(Algorithm):
         W: int = self.W
         N: int = self.N
         w = now // W
-        start = w * W
+        start = now - now % W
         sw: int = entry[1]
         if sw >= w:
             if sw > w:  # the clock stepped back: stay in the newer window
@@ -185,12 +191,12 @@ class SlidingWindowCounter(Algorithm):
             cur = prev = 0
         elapsed = now - start
         prev_part = prev * (W - elapsed)
-        if prev_part + (cur + cost) * W <= N * W:
+        if prev_part + (cur + cost) * W <= self.C:
             allowed = True
             retry = 0
             if consume:
                 cur += cost
-                entry[0] = start + 2 * W
+                entry[0] = start + W + W
                 entry[1] = w
                 entry[2] = cur
                 entry[3] = prev
@@ -206,11 +212,11 @@ class SlidingWindowCounter(Algorithm):
                 if w2 > W:
                     w2 = W
                 retry = start + W + (W - w2) - now
-        remaining = (N * W - prev_part) // W - cur
+        remaining = N + (-prev_part) // W - cur  # (N * W - prev_part) // W - cur
         if remaining < 0:
             remaining = 0
         if cur:
-            reset = start + 2 * W - now
+            reset = start + W + W - now
         elif prev:
             reset = start + W - now
         else:
@@ -289,40 +295,45 @@ class TokenBucket(Algorithm):
     uses_burst = True
 
     def fresh(self) -> list[Any]:
-        return [0, self.B * self.W, 0]
+        return [0, self.C, 0]
 
     def apply(self, entry: list[Any], now: int, cost: int, consume: bool) -> Decision:
+        # Computed on what is *missing* from the bucket (``cap - level``): it stays small
+        # when the capacity is huge, so the big-integer work is one subtraction.
         W: int = self.W
         N: int = self.N
-        cap = self.B * W
+        cap = self.C
         level: int = entry[1]
-        elapsed = now - entry[2]
+        spent = cap - level
+        last: int = entry[2]
+        elapsed = now - last
         if elapsed > 0:
-            level += elapsed * N
-            if level > cap:
-                level = cap
+            spent -= elapsed * N
+            if spent < 0:
+                spent = 0
         else:
-            now = entry[2]  # the clock stepped back (or stood still): no time passed
-        need = cost * W
-        if level >= need:
+            now = last  # the clock stepped back (or stood still): no time passed
+        need = W if cost == 1 else cost * W
+        if spent + need <= cap:  # level >= need
             allowed = True
             retry = 0
             if consume:
-                level -= need
-                entry[1] = level
+                spent += need
+                entry[1] = cap - spent
                 entry[2] = now
         else:
             allowed = False
-            retry = -((level - need) // N)  # ceil((need - level) / N)
-        reset = -((level - cap) // N)
+            retry = -((cap - spent - need) // N)  # ceil((need - level) / N)
+        reset = -((-spent) // N)  # ceil((cap - level) / N)
         if allowed and consume:
             entry[0] = now + reset
-        return _new(Decision, (allowed, self.B, level // W, reset / 1e6, retry / 1e6,
-                               self.rule, False))
+        # level // W == (B * W - spent) // W
+        return _new(Decision, (allowed, self.B, self.B + (-spent) // W, reset / 1e6,
+                               retry / 1e6, self.rule, False))
 
     def expires(self, entry: list[Any], now: int) -> int:
-        level = min(self.B * self.W, entry[1] + max(0, now - entry[2]) * self.N)
-        return now + _ceil_div(self.B * self.W - level, self.N)
+        level = min(self.C, entry[1] + max(0, now - entry[2]) * self.N)
+        return now + _ceil_div(self.C - level, self.N)
 
 
 class Gcra(Algorithm):
@@ -339,28 +350,30 @@ class Gcra(Algorithm):
     FRESH = (0,)
 
     def apply(self, entry: list[Any], now: int, cost: int, consume: bool) -> Decision:
+        # Computed on the debt (``tat - now``, scaled): it stays small when ``now * N``
+        # and the tolerance are huge.
         W: int = self.W
         N: int = self.N
-        tol = self.B * W
+        tol = self.C
         nows = now * N
-        base: int = entry[1]
-        if base < nows:
-            base = nows
-        new_tat = base + cost * W
-        if new_tat - nows <= tol:
+        tat: int = entry[1]
+        debt = tat - nows
+        if debt < 0:
+            debt = 0
+        new_debt = debt + (W if cost == 1 else cost * W)
+        if new_debt <= tol:
             allowed = True
             retry = 0
             if consume:
-                base = new_tat
-                entry[1] = new_tat
+                debt = new_debt
+                entry[1] = nows + new_debt
         else:
             allowed = False
-            retry = -((nows + tol - new_tat) // N)
-        debt = base - nows
+            retry = -((tol - new_debt) // N)
         reset = -((-debt) // N)
         if allowed and consume:
             entry[0] = now + reset
-        remaining = (tol - debt) // W
+        remaining = self.B + (-debt) // W  # (tol - debt) // W
         if remaining < 0:  # a clock that stepped back sees the skew as debt beyond tol
             remaining = 0
         return _new(Decision, (allowed, self.B, remaining, reset / 1e6, retry / 1e6,
@@ -385,16 +398,17 @@ class LeakyBucket(Algorithm):
     def apply(self, entry: list[Any], now: int, cost: int, consume: bool) -> Decision:
         W: int = self.W
         N: int = self.N
-        cap = self.B * W
+        cap = self.C
         level: int = entry[1]
-        elapsed = now - entry[2]
+        last: int = entry[2]
+        elapsed = now - last
         if elapsed > 0:
             level -= elapsed * N
             if level < 0:
                 level = 0
         else:
-            now = entry[2]  # the clock stepped back (or stood still): no time passed
-        add = cost * W
+            now = last  # the clock stepped back (or stood still): no time passed
+        add = W if cost == 1 else cost * W
         if level + add <= cap:
             allowed = True
             retry = 0
@@ -408,8 +422,9 @@ class LeakyBucket(Algorithm):
         reset = -((-level) // N)
         if allowed and consume:
             entry[0] = now + reset
-        return _new(Decision, (allowed, self.B, (cap - level) // W, reset / 1e6, retry / 1e6,
-                               self.rule, False))
+        # (cap - level) // W == (B * W - level) // W
+        return _new(Decision, (allowed, self.B, self.B + (-level) // W, reset / 1e6,
+                               retry / 1e6, self.rule, False))
 
     def expires(self, entry: list[Any], now: int) -> int:
         level = max(0, entry[1] - max(0, now - entry[2]) * self.N)

@@ -53,6 +53,29 @@ async def test_500_concurrent_callers_batched_with_unbatched_decisions(
     await limiter.aclose()
 
 
+async def test_many_callers_on_a_busy_connection_go_in_ordered_slices(redis_url: str) -> None:
+    """On an open connection, a long queue leaves in slices of EAGER_BATCH during the
+    loop iteration (Redis works while the client builds the next slice); the slices
+    keep submission order, so decisions equal one-by-one checks."""
+    from stormguard.stores.redis import EAGER_BATCH
+
+    clock = FakeClock()
+    store = RedisStore.from_url(redis_url, clock=clock, time_source="client", timeout=1.0)
+    limiter = AsyncRateLimiter(store, on_error="deny")
+    memory = MemoryStore(clock=FakeClock())
+    assert (await limiter.hit("warm-up", RULES[0])) == memory.hit("warm-up", RULES[0])
+    calls = [(f"user:{i % 5}", RULES[i % len(RULES)], 1 + i % 2) for i in range(300)]
+    want = [memory.hit(k, r, c) for k, r, c in calls]
+    before = store.round_trips
+    got = await asyncio.gather(*[limiter.hit(k, r, c) for k, r, c in calls])
+    assert limiter.degraded_count == 0
+    assert got == want
+    slices = store.round_trips - before
+    assert EAGER_BATCH < 300
+    assert 300 // EAGER_BATCH <= slices <= 300 // EAGER_BATCH + 2
+    await limiter.aclose()
+
+
 async def test_sequential_awaits_are_one_round_trip_each(redis_url: str) -> None:
     store = RedisStore.from_url(redis_url, timeout=1.0)
     await store.ahit("k", RULES[0])  # may load the script (NOSCRIPT -> EVAL)
@@ -83,6 +106,12 @@ async def test_script_cache_flush_is_survived(redis_server: RedisServer,
     ds = await asyncio.gather(*[store.ahit("k", rule) for _ in range(10)])
     assert [d.remaining for d in ds] == [5, 4, 3, 2, 1, 0, 0, 0, 0, 0]
     assert [d.allowed for d in ds] == [True] * 6 + [False] * 4
+    # more callers than one slice: every slice meets NOSCRIPT, and is sent again
+    redis_server.client().script_flush()
+    store.reset("k", rule)
+    ds = await asyncio.gather(*[store.ahit("k", rule) for _ in range(50)])
+    assert sum(d.allowed for d in ds) == 7
+    assert sorted(d.remaining for d in ds if d.allowed) == list(range(7))
     redis_server.client().script_flush()
     store.reset("k", rule)
     assert store.hit("k", rule).remaining == 6

@@ -16,7 +16,8 @@ concatenated at load time); every ``hit``, ``peek`` and ``hit_all`` is exactly o
   ``breaker_cooldown`` seconds.
 * Async calls on one event loop are coalesced: on one node, everything submitted
   during one loop iteration is written as one pipeline on the loop's connection
-  (writes do not wait for earlier replies); on a cluster, calls queued while a batch
+  (in slices of ``EAGER_BATCH`` when many callers are queued; writes do not wait for
+  earlier replies); on a cluster, calls queued while a batch
   is in flight leave together, one pipeline per node.
 """
 
@@ -500,10 +501,15 @@ def _bulk(value: bytes) -> bytes:
 
 
 
+#: On a busy connection, a queue this long is written at once instead of at the end of
+#: the event loop iteration (client and server then work in parallel: see _Mux.submit).
+EAGER_BATCH = 16
+
+
 class _Mux:
     """One event loop's pipelined connection to one Redis server (hiredis on asyncio
     streams). Commands submitted during one loop iteration are written together (one
-    round trip); writes never wait for earlier replies, and a reader task resolves
+    round trip; a queue of ``EAGER_BATCH`` leaves at once); writes never wait for earlier replies, and a reader task resolves
     the callers' futures in order. One connection per loop serves any number of
     concurrent callers."""
 
@@ -521,22 +527,34 @@ class _Mux:
 
     def submit(self, command: Any) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = self.loop.create_future()
-        self.queue.append((command, fut))
+        queue = self.queue
+        queue.append((command, fut))
         if not self.scheduled:
             self.scheduled = True
             self.loop.call_soon(self._flush)
+        elif len(queue) >= EAGER_BATCH:
+            # Many callers: send this slice now instead of at the end of the loop
+            # iteration, so Redis works on it while the rest of the iteration builds the
+            # next one (otherwise client and server take turns, each idle half the time).
+            self._send()
         return fut
 
     def _flush(self) -> None:
         self.scheduled = False
-        if not self.queue:
-            return
+        if self.queue:
+            self._send()
+
+    def _send(self) -> None:
         if self.writer is not None and not self.inflight and self._stale():
             self._drop()  # the server went away while we were idle: reconnect first
         if self.writer is None:
             if self.connecting is None:
                 self.connecting = self.loop.create_task(self._connect())
             return
+        self._write()
+
+    def _write(self) -> None:
+        assert self.writer is not None
         batch = self.queue
         self.queue = []
         self.writer.write(b"".join([c for c, _ in batch]))

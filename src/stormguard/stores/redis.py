@@ -509,9 +509,9 @@ EAGER_BATCH = 16
 class _Mux:
     """One event loop's pipelined connection to one Redis server (hiredis on asyncio
     streams). Commands submitted during one loop iteration are written together (one
-    round trip; a queue of ``EAGER_BATCH`` leaves at once); writes never wait for earlier replies, and a reader task resolves
-    the callers' futures in order. One connection per loop serves any number of
-    concurrent callers."""
+    round trip; a queue of ``EAGER_BATCH`` leaves at once); writes never wait for
+    earlier replies, and a reader task resolves the callers' futures in order. One
+    connection per loop serves any number of concurrent callers."""
 
     def __init__(self, store: RedisStore, loop: asyncio.AbstractEventLoop) -> None:
         self.store = store

@@ -1,5 +1,5 @@
 -- fixed_window: state "window_index used"
-ALGOS['fw'] = function() return {
+if USED['fw'] then ALGOS['fw'] = {
   load = getnums,
   decide = function(st, now, N, W, B, cost, consume)
     local w = fdiv(now, W)

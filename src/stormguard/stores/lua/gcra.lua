@@ -2,7 +2,7 @@
 -- stored as "tat_us remainder" (tat_scaled = tat_us * N + remainder, 0 <= remainder < N)
 -- and all arithmetic is done on the debt relative to now, which stays below B * W
 -- (unless the clock stepped back: then a denial is computed from the debt's parts).
-ALGOS['gcra'] = function() return {
+if USED['gcra'] then ALGOS['gcra'] = {
   load = getnums,
   decide = function(st, now, N, W, B, cost, consume)
     local tol = B * W

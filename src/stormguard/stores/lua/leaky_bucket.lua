@@ -1,5 +1,5 @@
 -- leaky_bucket (as a meter): state "level last_us"; level in scaled units
-ALGOS['lb'] = function() return {
+if USED['lb'] then ALGOS['lb'] = {
   load = getnums,
   decide = function(st, now, N, W, B, cost, consume)
     local cap = B * W

@@ -15,7 +15,7 @@ local cost = tonumber(ARGV[2])
 local consume = ARGV[3] == '1'
 local n = #KEYS
 if n == 1 then  -- one rule: no bookkeeping for all-or-nothing
-  local A = ALGOS[ARGV[5]]()
+  local A = ALGOS[ARGV[5]]
   local N, W, B = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
   local ok, nst, rem, reset, retry, exp = A.decide(A.load(KEYS[1], now, N, W), now, N, W, B,
                                                    cost, consume)
@@ -29,7 +29,7 @@ local algos, params, states, verdicts = {}, {}, {}, {}
 local all_ok = true
 for i = 1, n do
   local j = 1 + 4 * i
-  local A = ALGOS[ARGV[j]]()  -- built on demand: only the algorithms in use
+  local A = ALGOS[ARGV[j]]
   local N, W, B = tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3])
   local st = A.load(KEYS[i], now, N, W)
   local ok, nst, rem, reset, retry, exp = A.decide(st, now, N, W, B, cost, consume)

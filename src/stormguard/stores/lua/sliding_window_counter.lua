@@ -1,5 +1,5 @@
 -- sliding_window_counter: state "window_index current previous"
-ALGOS['swc'] = function() return {
+if USED['swc'] then ALGOS['swc'] = {
   load = getnums,
   decide = function(st, now, N, W, B, cost, consume)
     local w = fdiv(now, W)

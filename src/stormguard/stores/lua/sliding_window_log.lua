@@ -3,7 +3,7 @@
 -- measures that prefix; an admission cuts it off before appending. A peek or a denied
 -- request writes nothing: after a clock stepped back, entries that a later time had
 -- expired count again, exactly as in stormguard.algorithms.SlidingWindowLog.
-ALGOS['swl'] = function() return {
+if USED['swl'] then ALGOS['swl'] = {
   load = function(key, now, N, W)
     local last = redis.call('LINDEX', key, -1)
     if not last then

@@ -1,5 +1,5 @@
 -- token_bucket: state "level last_us"; level in scaled tokens (one token = W units)
-ALGOS['tb'] = function() return {
+if USED['tb'] then ALGOS['tb'] = {
   load = getnums,
   decide = function(st, now, N, W, B, cost, consume)
     local cap = B * W

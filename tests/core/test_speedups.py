@@ -212,3 +212,61 @@ def test_source_only_finder_prefers_the_py_file(tmp_path: Path) -> None:
     normal = importlib.machinery.PathFinder.find_spec("pkg.mod", [str(pkg)])
     assert normal is not None
     assert normal.origin != str(pkg / "mod.py")
+
+
+@pytest.mark.parametrize("algo", ALGORITHMS)
+def test_rules_survive_pickle_and_copy(algo: str) -> None:
+    """Compiled classes are not picklable by default: a Rule sent to a worker process
+    or deep-copied must still decide like the original."""
+    import copy
+    import pickle
+
+    from stormguard import MemoryStore, RateLimiter, Rule
+    from stormguard.testing import FakeClock
+
+    burst = 7 if algo in ("token_bucket", "gcra", "leaky_bucket") else None
+    rule = Rule(5, 10, algorithm=algo, burst=burst)
+    for clone in (pickle.loads(pickle.dumps(rule)), copy.deepcopy(rule), copy.copy(rule)):
+        assert clone == rule
+        assert type(clone._algo) is type(rule._algo)
+        assert (clone._algo.N, clone._algo.W, clone._algo.B) == (
+            rule._algo.N, rule._algo.W, rule._algo.B)
+        a, b = RateLimiter(MemoryStore(clock=FakeClock())), \
+            RateLimiter(MemoryStore(clock=FakeClock()))
+        got = [a.hit("k", clone) for _ in range(9)]
+        want = [b.hit("k", rule) for _ in range(9)]
+        assert [d[:5] for d in got] == [d[:5] for d in want]
+        assert all(d.rule == clone for d in got)
+        assert pickle.loads(pickle.dumps(got[-1])) == got[-1]
+
+
+SUBCLASS = """
+import sys
+if "block" in sys.argv:
+    sys.modules["mypy_extensions"] = None  # as if it were not installed
+from stormguard import MemoryStore, RateLimiter, Rule, _speedups
+
+class Counting(MemoryStore):
+    calls = 0
+
+    def hit(self, key, rule, cost=1):
+        self.calls += 1
+        return super().hit(key, rule, cost)
+
+store = Counting()
+limiter = RateLimiter(store)
+rule = Rule.parse("2/minute")
+print(_speedups.STATUS)
+print([limiter.hit("k", rule).allowed for _ in range(3)], store.calls, len(store))
+"""
+
+
+@pytest.mark.parametrize("argv", [[], ["block"]])
+def test_memory_store_can_be_subclassed(argv: list[str]) -> None:
+    """Compiled classes refuse Python subclasses unless marked; MemoryStore is marked,
+    and the mark needs no mypy_extensions at run time."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    out = subprocess.run([sys.executable, "-c", SUBCLASS, *argv], capture_output=True,
+                         text=True, env=env, check=True, timeout=60).stdout.splitlines()
+    assert out[0] == _speedups.STATUS
+    assert out[1] == "[True, True, False] 3 1"

@@ -105,6 +105,10 @@ class Algorithm:
         """A new entry for a key never seen."""
         return [0, *self.FRESH]
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # explicit, so that pickle and copy work on the compiled (mypyc) classes too
+        return (type(self), (self.N, self.W, self.B, self.rule))
+
     def apply(self, entry: list[Any], now: int, cost: int, consume: bool) -> Decision:
         raise NotImplementedError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from stormguard._clock import Clock, system_clock
@@ -16,11 +16,21 @@ from stormguard.stores.base import Store, binding, check_cost, check_rules, key_
 
 __all__ = ["MemoryStore"]
 
+_T = TypeVar("_T")
+
+try:
+    from mypy_extensions import mypyc_attr
+except ImportError:  # not a runtime dependency: only the compiler reads the decorator
+
+    def mypyc_attr(*attrs: str, **kwattrs: object) -> Callable[[_T], _T]:
+        return lambda cls: cls
+
 
 DEFAULT_MAX_KEYS = 100_000
 _SWEEP_INTERVAL_US = 1_000_000
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled, it stays open to subclasses
 class MemoryStore(Store):
     """Counters in a bounded LRU dict guarded by one lock.
 

@@ -273,6 +273,39 @@ def test_deadline_clips_the_timeout(srv: RedisServer) -> None:
     store.close()
 
 
+def test_cluster_deadline_clips_the_timeout() -> None:
+    cluster = start_cluster(3)  # its own cluster: this test hangs a node
+    try:
+        store = RedisClusterStore.from_url(cluster.url, timeout=1.0)
+        keys = [f"user:{i}" for i in range(40)]
+        assert all(store.hit(k, RULE).allowed for k in keys)  # connections, slot map
+        hung = cluster.nodes[0]
+        on_hung = [k for k in keys
+                   if store._sync_client().get_node_from_key(store.key(k, RULE)).port == hung.port]
+        elsewhere = [k for k in keys if k not in on_hung]
+        assert len(on_hung) >= 2
+        with deadline.scope(0.5):  # the clipped path answers like the normal one
+            assert [store.hit(on_hung[0], RULE).remaining for _ in range(2)] == [998, 997]
+        hung.pause()
+        try:
+            t = time.perf_counter()
+            with deadline.scope(0.05), pytest.raises(StorageError):
+                store.hit(on_hung[0], RULE)
+            assert time.perf_counter() - t < 0.5  # clipped: well under the 1 s timeout
+            with deadline.scope(0.5):
+                assert store.hit(elsewhere[0], RULE).remaining == 998
+        finally:
+            hung.resume()
+        # the connection that timed out was dropped, not reused: this peek reads its own
+        # reply (on_hung[1]: 999 left), not the late one of the timed-out hit (996)
+        with deadline.scope(0.5):
+            assert store.peek(on_hung[1], RULE).remaining == 999
+        assert store.peek(on_hung[1], RULE).remaining == 999
+        store.close()
+    finally:
+        cluster.stop()
+
+
 async def test_cluster_with_one_master_down_degrades_only_its_keys() -> None:
     cluster = start_cluster(3)  # its own cluster: this test kills a node
     try:

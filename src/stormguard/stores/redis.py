@@ -45,7 +45,14 @@ import redis.retry
 from redis.asyncio.connection import parse_url
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
+from redis.exceptions import (
+    AskError,
+    MovedError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
 
 from stormguard import deadline
 from stormguard._clock import Clock, system_clock
@@ -493,6 +500,7 @@ def _as_eval(command: tuple[Any, ...]) -> tuple[Any, ...]:
     return ("EVAL", SCRIPT, *command[2:])
 
 
+_ROUTED_ELSEWHERE = object()
 _SCRIPT_LOAD: bytes = hiredis.pack_command(("SCRIPT", "LOAD", SCRIPT))  # type: ignore[arg-type]
 
 
@@ -912,6 +920,11 @@ class RedisClusterStore(_RedisBase):
 
     def _call(self, command: Any) -> Any:
         client = self._sync_client()
+        left = deadline.remaining()
+        if left is not None and left < self.timeout:
+            reply = self._call_within(client, command, max(left, 0.0001))
+            if reply is not _ROUTED_ELSEWHERE:
+                return reply
         self.round_trips += 1
         try:
             return client.execute_command(*command)
@@ -920,6 +933,37 @@ class RedisClusterStore(_RedisBase):
                 raise
         self.round_trips += 1
         return client.execute_command(*_as_eval(command))
+
+    def _call_within(self, client: Any, command: Any, timeout: float) -> Any:
+        """``command`` on the master owning its key, waiting at most ``timeout`` (the
+        deadline in force) instead of the socket timeout: redis-py's cluster client has
+        no per-call timeout. Returns ``_ROUTED_ELSEWHERE`` when the key's node is not
+        known or the slot moved (MOVED/ASK): the cluster client then routes it."""
+        key = command[3] if command[0] in ("EVALSHA", "EVAL") and command[2] else (
+            command[1] if command[0] == "DEL" else None)
+        if key is None:
+            return _ROUTED_ELSEWHERE
+        node = client.nodes_manager.get_node_from_slot(
+            key_slot(key if isinstance(key, bytes) else str(key).encode()))
+        if node is None:
+            return _ROUTED_ELSEWHERE
+        pool = client.get_redis_connection(node).connection_pool
+        conn = pool.get_connection()
+        try:
+            for attempt in (command, _as_eval(command)):
+                self.round_trips += 1
+                conn.send_command(*attempt)
+                try:
+                    # a timeout disconnects the connection: no reply is left to misread
+                    return conn.read_response(timeout=timeout)
+                except (MovedError, AskError):
+                    return _ROUTED_ELSEWHERE
+                except ResponseError as exc:
+                    if attempt[0] == "EVAL" or not _is_noscript(exc):
+                        raise
+            raise AssertionError("unreachable")  # pragma: no cover
+        finally:
+            pool.release(conn)
 
     def _pack(self, command: Any) -> Any:
         if command[0] == "DEL":

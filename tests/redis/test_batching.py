@@ -49,7 +49,11 @@ async def test_500_concurrent_callers_batched_with_unbatched_decisions(
     want2 = [memory.peek("user:1", RULES[0]), memory.hit_all("user:2", RULES[:3]),
              memory.hit("fresh", RULES[4])]
     assert got2 == want2
-    assert store.round_trips == before + 1
+    # one round trip per server: on a cluster, one per master owning these keys' slots
+    servers = 1 if backend == "redis" else len({
+        store._sync_client().get_node_from_key(store.key(k, RULES[0])).name
+        for k in ("user:1", "user:2", "fresh")})
+    assert store.round_trips == before + servers
     await limiter.aclose()
 
 
@@ -126,3 +130,59 @@ async def test_async_deadline(redis_url: str) -> None:
     with deadline.scope(0.01):
         assert (await store.ahit("k", RULES[0])).allowed
     await store.aclose()
+
+
+async def test_cluster_follows_moved_with_a_stale_slot_map(cluster_url: str) -> None:
+    """A slot map that points at the wrong master: that master answers MOVED, the check
+    goes on to the master it names, and the map is reloaded in the background."""
+    store = RedisClusterStore.from_url(cluster_url, timeout=1.0)
+    limiter = AsyncRateLimiter(store)
+    rule = RULES[0]
+    assert (await limiter.hit("moved", rule)).remaining == 6
+    router = store._runner()
+    nodes = router.client.nodes_manager
+    slot = router.client.keyslot(store.key("moved", rule))
+    right = nodes.slots_cache[slot][0]
+    wrong = next(n for n in nodes.nodes_cache.values() if n.name != right.name)
+    nodes.slots_cache[slot] = [wrong]
+    ds = await asyncio.gather(*[limiter.hit("moved", rule) for _ in range(3)])
+    assert [d.remaining for d in ds] == [5, 4, 3]
+    assert not any(d.degraded for d in ds)
+    if router.refreshing is not None:
+        await router.refreshing
+    assert nodes.slots_cache[slot][0].name == right.name  # the map was reloaded
+    assert (await limiter.hit("moved", rule)).remaining == 2
+    await limiter.aclose()
+
+
+async def test_cluster_follows_ask_during_a_slot_migration() -> None:
+    """A slot being migrated: the old master answers ASK for a key it does not hold, and
+    the check runs on the new master after ASKING (Redis's migration protocol)."""
+    from tests.redis_servers import start_cluster
+
+    cluster = start_cluster(3)  # its own cluster: this test changes slot states
+    try:
+        store = RedisClusterStore.from_url(cluster.url, timeout=1.0)
+        limiter = AsyncRateLimiter(store)
+        rule = RULES[0]
+        assert (await limiter.hit("warm-up", rule)).allowed
+        key = store.key("migrating", rule)
+        sync = store._sync_client()
+        slot = sync.keyslot(key)
+        source = sync.get_node_from_key(key)
+        target = next(n for n in sync.get_primaries() if n.name != source.name)
+        by_port = {n.port: n for n in cluster.nodes}
+        src, dst = by_port[source.port].client(), by_port[target.port].client()
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING",
+                            src.execute_command("CLUSTER", "MYID"))
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING",
+                            dst.execute_command("CLUSTER", "MYID"))
+        d = await limiter.hit("migrating", rule)
+        assert (d.allowed, d.remaining, d.degraded) == (True, 6, False)
+        # the new master holds the key, the old one does not
+        assert dst.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 1
+        assert src.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
+        await limiter.aclose()
+        store.close()
+    finally:
+        cluster.stop()

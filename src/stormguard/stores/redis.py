@@ -17,8 +17,8 @@ concatenated at load time); every ``hit``, ``peek`` and ``hit_all`` is exactly o
 * Async calls on one event loop are coalesced: on one node, everything submitted
   during one loop iteration is written as one pipeline on the loop's connection
   (in slices of ``EAGER_BATCH`` when many callers are queued; writes do not wait for
-  earlier replies); on a cluster, calls queued while a batch
-  is in flight leave together, one pipeline per node.
+  earlier replies); on a cluster, the same connection per master, each call routed
+  by its key's slot.
 """
 
 from __future__ import annotations
@@ -427,68 +427,171 @@ class _Runner(Protocol):
     async def aclose(self) -> None: ...
 
 
-class _Batcher:
-    """Per event loop: calls queued while a round trip is in flight leave together as
-    one pipeline per node. One batch at a time per loop, so hundreds of concurrent
-    callers use one connection per node and never exhaust a pool. (The store's
-    ``_pipeline`` applies the per-node breakers.)"""
+class _ClusterRouter:
+    """Per event loop on a cluster: one :class:`_Mux` per master (so the same
+    pipelining and eager slices as on one node), each command sent to the master that
+    owns its key's slot. The slot map comes from redis-py's cluster client, loaded on
+    first use; a ``MOVED``/``ASK`` reply sends the command on to the node it names and
+    refreshes the map in the background, and so does a node failure (a failover moves
+    slots), at most once a second. Each master has its own breaker."""
 
     def __init__(self, store: RedisClusterStore, loop: asyncio.AbstractEventLoop) -> None:
         self.store = store
         self.loop = loop
-        self.pending: list[tuple[Any, asyncio.Future[Any]]] = []
-        self.task: asyncio.Task[None] | None = None
-        self.state: dict[str, Any] = {}
+        self.muxes: dict[str, _Mux] = {}
+        self.client: Any = None
+        self.loading: asyncio.Task[None] | None = None
+        self.waiting: list[tuple[Any, asyncio.Future[Any]]] = []
+        self.refreshing: asyncio.Task[None] | None = None
+        self.refreshed_at = -1e9
 
     def submit(self, command: Any) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = self.loop.create_future()
-        self.pending.append((command, fut))
-        if self.task is None:
-            self.task = self.loop.create_task(self._drain())
+        if self.client is None:
+            self.waiting.append((command, fut))
+            if self.loading is None:
+                self.loading = self.loop.create_task(self._load())
+        else:
+            self._route(command, fut, 0)
         return fut
 
-    async def _drain(self) -> None:
-        try:
-            while self.pending:
-                batch = self.pending
-                self.pending = []
-                await self._flush(batch)
-        finally:
-            self.task = None
-
-    async def _flush(self, batch: list[tuple[Any, asyncio.Future[Any]]]) -> None:
+    async def _load(self) -> None:
+        """Build the cluster client (the slot map), then route what waited for it."""
         store = self.store
         try:
-            replies = await store._pipeline([c for c, _ in batch], self.state)
-        except StorageError as exc:
-            err: StorageError = exc
-        except _BACKEND_ERRORS as exc:
-            err = StorageError(f"redis: {type(exc).__name__}: {exc}")
-            err.__cause__ = exc
-        except BaseException as exc:  # cancelled while in flight: callers must not hang
-            for _, fut in batch:
+            store.breaker.before()  # the cluster as a whole: fail fast while unreachable
+            nodes = [redis.asyncio.cluster.ClusterNode(h, p) for h, p in store._nodes]
+            client = redis.asyncio.cluster.RedisCluster(
+                startup_nodes=nodes, **store._options(redis.asyncio.retry.Retry))
+            try:
+                async with asyncio.timeout(store.connect_timeout + 2 * store.timeout):
+                    await client.initialize()
+            except BaseException:
+                await client.aclose()
+                raise
+        except BaseException as exc:
+            self.loading = None
+            if not isinstance(exc, StorageError | asyncio.CancelledError):
+                store.breaker.failure()
+            waiting, self.waiting = self.waiting, []
+            err = exc if isinstance(exc, StorageError) else StorageError(
+                f"redis: {type(exc).__name__}: {exc}")
+            if err is not exc:
+                err.__cause__ = exc
+            for _, fut in waiting:
                 if not fut.done():
-                    fut.set_exception(StorageError(f"redis: batch aborted ({exc!r})"))
-            raise
-        else:
-            for (_, fut), reply in zip(batch, replies, strict=True):
-                if fut.done():
-                    continue
-                if isinstance(reply, BaseException):
-                    e = StorageError(f"redis: {type(reply).__name__}: {reply}")
-                    e.__cause__ = reply
-                    fut.set_exception(e)
-                else:
-                    fut.set_result(reply)
+                    fut.set_exception(err)
+            if not isinstance(exc, Exception):
+                raise
             return
-        for _, fut in batch:
+        store.breaker.success()
+        self.client = client
+        self.refreshed_at = self.loop.time()
+        self.loading = None
+        waiting, self.waiting = self.waiting, []
+        for command, fut in waiting:
             if not fut.done():
-                fut.set_exception(err)
+                self._route(command, fut, 0)
+
+    def _mux(self, host: str, port: int) -> tuple[_Mux, _Breaker]:
+        name = f"{host}:{port}"
+        breaker = self.store._node_breaker(name)
+        mux = self.muxes.get(name)
+        if mux is None:
+            params = {"host": host, "port": port, **self.store._auth}
+            mux = self.muxes[name] = _Mux(self.store, self.loop, params,
+                                          self.store._node_ssl_context(), breaker)
+        return mux, breaker
+
+    def _route(self, command: Any, fut: asyncio.Future[Any], hops: int,
+               to: tuple[str, int] | None = None, asking: bool = False) -> None:
+        if to is None:
+            node = _node_of(self.client.nodes_manager, command)
+            if node is None:
+                fut.set_exception(StorageError("redis: no cluster node serves this key"))
+                self._refresh(force=True)
+                return
+            to = (node.host, node.port)
+        mux, breaker = self._mux(*to)
+        try:
+            breaker.before()
+        except StorageError as exc:  # this master's breaker is open: no network
+            fut.set_exception(exc)
+            return
+        if asking:
+            mux.submit(_ASKING)
+        inner = mux.submit(hiredis.pack_command(command))
+        inner.add_done_callback(lambda f: self._done(f, command, fut, hops))
+
+    def _done(self, inner: asyncio.Future[Any], command: Any, fut: asyncio.Future[Any],
+              hops: int) -> None:
+        if fut.done():
+            return
+        if inner.cancelled():
+            fut.cancel()
+            return
+        exc = inner.exception()
+        if exc is None:
+            fut.set_result(inner.result())
+            return
+        cause = exc.__cause__
+        if isinstance(cause, ResponseError):
+            moved = str(cause).split()
+            if moved[0] in ("MOVED", "ASK") and len(moved) == 3 and hops < 3:
+                host, _, port = moved[2].rpartition(":")
+                if moved[0] == "MOVED":
+                    self._refresh(force=True)
+                self._route(command, fut, hops + 1, (host, int(port)), moved[0] == "ASK")
+                return
+        else:
+            self._refresh(force=False)  # a node failed: perhaps a failover moved its slots
+        fut.set_exception(exc)
+
+    def _refresh(self, *, force: bool) -> None:
+        """Reload the slot map in the background (at most once a second unless forced)."""
+        if self.client is None or self.refreshing is not None:
+            return
+        if not force and self.loop.time() - self.refreshed_at < 1.0:
+            return
+        self.refreshed_at = self.loop.time()
+        self.refreshing = self.loop.create_task(self._reload())
+
+    async def _reload(self) -> None:
+        try:
+            async with asyncio.timeout(self.store.connect_timeout + 2 * self.store.timeout):
+                await self.client.nodes_manager.initialize()
+        except Exception:  # noqa: S110 - the old map stays; the next failure tries again
+            pass
+        finally:
+            self.refreshing = None
 
     async def aclose(self) -> None:
-        if self.task is not None:
-            await asyncio.gather(self.task, return_exceptions=True)
-        await self.store._aclose_state(self.state)
+        for task in (self.loading, self.refreshing):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        for mux in list(self.muxes.values()):
+            await mux.aclose()
+        self.muxes.clear()
+        for _, fut in self.waiting:
+            if not fut.done():
+                fut.set_exception(StorageError("redis: store closed"))
+        self.waiting = []
+        client, self.client = self.client, None
+        if client is not None:
+            with contextlib.suppress(*_BACKEND_ERRORS):
+                await client.aclose()
+
+
+def _node_of(nodes_manager: Any, command: Any) -> Any:
+    """The master serving ``command``'s first key (any master for a keyless command)."""
+    if command[0] in ("EVALSHA", "EVAL") and command[2]:
+        key = command[3]
+        return nodes_manager.get_node_from_slot(
+            key_slot(key if isinstance(key, bytes) else str(key).encode()))
+    masters = [n for n in nodes_manager.nodes_cache.values() if n.server_type == "primary"]
+    return masters[0] if masters else None
 
 
 def _is_noscript(reply: object) -> bool:
@@ -501,6 +604,7 @@ def _as_eval(command: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 _ROUTED_ELSEWHERE = object()
+_ASKING: bytes = hiredis.pack_command(("ASKING",))
 _SCRIPT_LOAD: bytes = hiredis.pack_command(("SCRIPT", "LOAD", SCRIPT))  # type: ignore[arg-type]
 
 
@@ -521,9 +625,14 @@ class _Mux:
     earlier replies, and a reader task resolves the callers' futures in order. One
     connection per loop serves any number of concurrent callers."""
 
-    def __init__(self, store: RedisStore, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, store: _RedisBase, loop: asyncio.AbstractEventLoop,
+                 params: dict[str, Any], ssl_context: ssl.SSLContext | None,
+                 breaker: _Breaker) -> None:
         self.store = store
         self.loop = loop
+        self.params = params  # host/port or path, username, password, db
+        self.ssl_context = ssl_context
+        self.breaker = breaker
         self.queue: list[tuple[Any, asyncio.Future[Any]]] = []
         self.inflight: deque[tuple[Any, asyncio.Future[Any]]] = deque()
         self.scheduled = False
@@ -589,7 +698,7 @@ class _Mux:
 
     async def _connect(self) -> None:
         store = self.store
-        params = store._params
+        params = self.params
         writer: asyncio.StreamWriter | None = None
         try:
             async with asyncio.timeout(store.connect_timeout):
@@ -597,7 +706,7 @@ class _Mux:
                     reader, writer = await asyncio.open_unix_connection(params["path"])
                 else:
                     reader, writer = await asyncio.open_connection(
-                        params["host"], params.get("port", 6379), ssl=store._ssl_context())
+                        params["host"], params.get("port", 6379), ssl=self.ssl_context)
             parser = hiredis.Reader(replyError=ResponseError)
             hello: list[tuple[Any, ...]] = []
             if params.get("password"):
@@ -627,7 +736,7 @@ class _Mux:
             self.connecting = None
             if writer is not None:
                 writer.close()
-            store.breaker.failure()
+            self.breaker.failure()
             self._fail_all(exc, queued=True)
             return
         except BaseException as exc:
@@ -642,7 +751,7 @@ class _Mux:
 
     async def _read(self) -> None:
         store = self.store
-        breaker = store.breaker
+        breaker = self.breaker
         reader, parser, inflight = self.reader, self.parser, self.inflight
         assert reader is not None
         try:
@@ -777,7 +886,7 @@ class RedisStore(_RedisBase):
         self._pool.disconnect()
 
     def _new_runner(self, loop: asyncio.AbstractEventLoop) -> _Runner:
-        return _Mux(self, loop)
+        return _Mux(self, loop, self._params, self._ssl_context(), self.breaker)
 
     def _pack(self, command: Any) -> Any:
         return hiredis.pack_command(command)
@@ -817,11 +926,16 @@ class RedisStore(_RedisBase):
     def _ssl_context(self) -> ssl.SSLContext | None:
         if not self.url.startswith("rediss"):
             return None
-        ctx = ssl.create_default_context()
-        if str(self._params.get("ssl_cert_reqs", "required")).lower() == "none":
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        return ctx
+        return _tls_context(self._params.get("ssl_cert_reqs"))
+
+
+def _tls_context(cert_reqs: object) -> ssl.SSLContext:
+    """TLS for the async connections; ``ssl_cert_reqs="none"`` skips verification."""
+    ctx = ssl.create_default_context()
+    if str(cert_reqs or "required").lower() == "none":
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
 
 
 def _cluster_nodes(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
@@ -876,7 +990,7 @@ class RedisClusterStore(_RedisBase):
         if command[0] not in ("EVALSHA", "EVAL") or not command[2]:
             return ""
         try:
-            node = nodes_manager.get_node_from_slot(key_slot(command[3].encode()))
+            node = _node_of(nodes_manager, command)
         except (*_BACKEND_ERRORS, KeyError, IndexError):
             return ""
         return str(node.name) if node is not None else ""
@@ -892,7 +1006,7 @@ class RedisClusterStore(_RedisBase):
         return self._node_breaker(self._node_name(self._client.nodes_manager, command))
 
     def _async_gate(self) -> None:
-        """Async checks are gated per node inside the batch (see :meth:`_send_all`)."""
+        """Async checks are gated per master when routed (see :class:`_ClusterRouter`)."""
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisClusterStore:
@@ -978,70 +1092,12 @@ class RedisClusterStore(_RedisBase):
             client.close()
 
     def _new_runner(self, loop: asyncio.AbstractEventLoop) -> _Runner:
-        return _Batcher(self, loop)
+        return _ClusterRouter(self, loop)
 
-    async def _pipeline(self, commands: list[tuple[Any, ...]],
-                        state: dict[str, Any]) -> list[Any]:
-        client = state.get("client")
-        if client is None:
-            self.breaker.before()
-            nodes = [redis.asyncio.cluster.ClusterNode(h, p) for h, p in self._nodes]
-            client = redis.asyncio.cluster.RedisCluster(
-                startup_nodes=nodes, **self._options(redis.asyncio.retry.Retry))
-            try:
-                await client.initialize()
-            except _BACKEND_ERRORS:
-                self.breaker.failure()
-                await client.aclose()
-                raise
-            self.breaker.success()
-            state["client"] = client
-        replies = await self._send_all(client, commands)
-        retry = [i for i, r in enumerate(replies) if _is_noscript(r)]
-        if retry:
-            again = await self._send_all(client, [_as_eval(commands[i]) for i in retry])
-            for i, r in zip(retry, again, strict=True):
-                replies[i] = r
-        return replies
+    def _node_ssl_context(self) -> ssl.SSLContext | None:
+        """TLS for the async connections to the masters (``rediss+cluster://``)."""
+        if not self._auth.get("ssl"):
+            return None
+        return _tls_context(self.client_options.get("ssl_cert_reqs"))
 
-    async def _send_all(self, client: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
-        """One pipeline per node, all at once: a dead node fails only its own commands."""
-        self.round_trips += 1
-        groups: dict[str, list[int]] = {}
-        nodes = client.nodes_manager
-        for i, c in enumerate(commands):
-            groups.setdefault(self._node_name(nodes, c), []).append(i)
 
-        async def run(name: str, indexes: list[int]) -> list[Any]:
-            breaker = self._node_breaker(name)
-            try:
-                breaker.before()
-            except StorageError as exc:
-                return [exc] * len(indexes)  # this node's breaker is open: no network
-            pipe = client.pipeline(transaction=False)
-            for i in indexes:
-                pipe.execute_command(*commands[i])
-            try:
-                async with asyncio.timeout(self.timeout * 2 + 0.001 * len(indexes)):
-                    out: list[Any] = await pipe.execute(raise_on_error=False)
-            except _BACKEND_ERRORS as exc:
-                breaker.failure()
-                return [exc] * len(indexes)
-            if any(isinstance(r, BaseException) and not isinstance(r, ResponseError)
-                   for r in out):
-                breaker.failure()
-            else:
-                breaker.success()
-            return out
-
-        results = await asyncio.gather(*[run(n, ix) for n, ix in groups.items()])
-        replies: list[Any] = [None] * len(commands)
-        for ix, out in zip(groups.values(), results, strict=True):
-            for i, r in zip(ix, out, strict=True):
-                replies[i] = r
-        return replies  # a value, a ResponseError or the failure of its node
-
-    async def _aclose_state(self, state: dict[str, Any]) -> None:
-        client = state.pop("client", None)
-        if client is not None:
-            await client.aclose()

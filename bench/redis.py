@@ -5,11 +5,12 @@ One run, one private redis-server (started here on a free port, stopped at the e
 * one client (blocking): checks/s, p50 and p99 latency, for a raw redis-py EVALSHA
   loop (the physical limit of one client), stormguard per algorithm, and ``limits``,
   ``throttled-py``, ``pyrate-limiter`` on Redis;
-* 64 concurrent asyncio callers on one event loop: checks/s (the peers' asyncio APIs).
+* 64 concurrent asyncio callers on one event loop: checks/s (the peers' asyncio APIs);
+* with ``--cluster``: 64 asyncio callers on a private 3-master Redis Cluster.
 
 Run from the repository root::
 
-    PYTHONPATH=src:. python bench/redis.py [--n 5000] [--async-n 20000]
+    PYTHONPATH=src:. python bench/redis.py [--n 5000] [--async-n 20000] [--cluster]
 """
 
 from __future__ import annotations
@@ -32,9 +33,15 @@ for p in (ROOT, os.path.join(ROOT, "src")):
 
 import redis  # noqa: E402 - after the path setup above
 import redis.asyncio  # noqa: E402
-from tests.redis_servers import start_redis  # noqa: E402
+from tests.redis_servers import start_cluster, start_redis  # noqa: E402
 
-from stormguard import AsyncRateLimiter, RateLimiter, RedisStore, Rule  # noqa: E402
+from stormguard import (  # noqa: E402
+    AsyncRateLimiter,
+    RateLimiter,
+    RedisClusterStore,
+    RedisStore,
+    Rule,
+)
 from stormguard.algorithms import ALGORITHMS  # noqa: E402
 from stormguard.stores.redis import SCRIPT  # noqa: E402
 
@@ -158,6 +165,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=5000, help="checks per one-client row")
     ap.add_argument("--async-n", type=int, default=20_000, help="checks per 64-caller row")
+    ap.add_argument("--cluster", action="store_true",
+                    help="also: 64 asyncio callers on a private 3-master Redis Cluster")
     args = ap.parse_args()
     server = start_redis()
     print(f"redis-server {redis.Redis.from_url(server.url).info()['redis_version']} on "
@@ -167,6 +176,33 @@ def main() -> None:
         run(server.url, args.n, args.async_n)
     finally:
         server.stop()
+    if args.cluster:
+        cluster = start_cluster(3)
+        try:
+            asyncio.run(run_cluster(cluster.url, args.async_n))
+        finally:
+            cluster.stop()
+
+
+async def run_cluster(url: str, n: int) -> None:
+    """stormguard only: the peers' cluster support differs too much to compare."""
+    impls: dict[str, Callable[[str], Awaitable[Any]]] = {}
+    limiters = []
+    for algo in ("fixed_window", "sliding_window_counter", "token_bucket"):
+        lim = AsyncRateLimiter(RedisClusterStore.from_url(url))
+        limiters.append(lim)
+        r = Rule(LIMIT, 3600, algorithm=algo)
+        impls[f"stormguard {algo} (batched, per-master connections)"] = \
+            lambda k, lim=lim, r=r: lim.hit(k, r)
+    res = await async_rows(impls, n)
+    for lim in limiters:
+        await lim.aclose()
+    print(f"\n### {CALLERS} concurrent asyncio callers on a 3-master Redis Cluster "
+          f"({n} checks per row; the 3 servers share this machine's cores)\n")
+    print("| implementation | checks/s |")
+    print("|---|---:|")
+    for name, rate in res.items():
+        print(f"| {name} | {rate:,.0f} |")
 
 
 def run(url: str, n: int, async_n: int) -> None:

@@ -35,6 +35,7 @@ class MypycBuildHook(BuildHookInterface):  # type: ignore[type-arg]
     PLUGIN_NAME = "custom"
 
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
+        self._temporary: list[Path] = []  # removed in finalize(), after the wheel is written
         if self.target_name != "wheel":
             return
         root = Path(self.root)
@@ -59,6 +60,7 @@ class MypycBuildHook(BuildHookInterface):  # type: ignore[type-arg]
             (root / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", "utf-8")
         else:
             self._staging = Path(tempfile.mkdtemp(prefix="stormguard-wheel-"))
+            self._temporary.append(self._staging)
             for rel, path in built.items():
                 build_data["force_include"][str(path)] = rel
             manifest_file = self._staging / "_speedups.json"
@@ -67,6 +69,10 @@ class MypycBuildHook(BuildHookInterface):  # type: ignore[type-arg]
             build_data["pure_python"] = False
             build_data["infer_tag"] = True
         self.app.display_info(f"stormguard: compiled {', '.join(MODULES)} with mypyc")
+
+    def finalize(self, version: str, build_data: dict[str, Any], artifact_path: str) -> None:
+        for path in getattr(self, "_temporary", []):
+            shutil.rmtree(path, ignore_errors=True)
 
     def _clean(self, root: Path) -> None:
         """Drop compiled files of an earlier editable build (they may be stale)."""
@@ -82,6 +88,7 @@ class MypycBuildHook(BuildHookInterface):  # type: ignore[type-arg]
         from setuptools import Distribution
 
         work = Path(tempfile.mkdtemp(prefix="stormguard-mypyc-"))
+        self._temporary.append(work)
         cwd = Path.cwd()
         os.chdir(root)  # mypy resolves the module names from the src/ layout
         try:

@@ -77,7 +77,11 @@ def _decide(package_dir: Path = _PACKAGE_DIR) -> tuple[str, bool]:
     for module, so in zip(COMPILED_MODULES, found, strict=True):
         if so is None:
             return f"pure Python ({module} is not compiled)", True
-        digest = hashlib.sha256(source_path(module, package_dir).read_bytes()).hexdigest()
+        try:
+            source = source_path(module, package_dir).read_bytes()
+        except OSError:  # no .py shipped: the compiled module is all there is
+            continue
+        digest = hashlib.sha256(source).hexdigest()
         if manifest.get(module) != digest:
             return (f"pure Python ({module} changed since it was compiled; "
                     "reinstall to recompile)"), True

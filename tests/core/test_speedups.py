@@ -191,6 +191,11 @@ def test_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert _speedups._decide(no_group) == (
         f"pure Python ({_speedups.GROUP_LIBRARY} is missing)", True)
 
+    no_sources = make_tree(tmp_path / "nosources", compiled=True)
+    for py in no_sources.rglob("*.py"):
+        py.unlink()  # a build that ships only the compiled modules
+    assert _speedups._decide(no_sources) == ("compiled (mypyc)", False)
+
     one_missing = make_tree(tmp_path / "one", compiled=True)
     next((one_missing / "stores").glob("memory*.so")).unlink()
     assert _speedups._decide(one_missing) == (

@@ -74,6 +74,8 @@ def _decide(package_dir: Path = _PACKAGE_DIR) -> tuple[str, bool]:
         manifest = json.loads((package_dir / MANIFEST).read_text("utf-8"))
     except (OSError, ValueError):
         return f"pure Python (compiled modules without a readable {MANIFEST})", True
+    if not isinstance(manifest, dict):
+        return f"pure Python ({MANIFEST} is not a mapping)", True
     for module, so in zip(COMPILED_MODULES, found, strict=True):
         if so is None:
             return f"pure Python ({module} is not compiled)", True
@@ -111,7 +113,10 @@ class _SourceOnlyFinder:
 
 STATUS: str
 """Which implementation of the hot path runs, and why."""
-STATUS, _bypass = _decide()
+try:
+    STATUS, _bypass = _decide()
+except Exception as exc:  # never let this check break `import stormguard`
+    STATUS, _bypass = f"pure Python (could not check the compiled modules: {exc!r})", True
 if _bypass:
     sys.meta_path.insert(0, _SourceOnlyFinder(COMPILED_MODULES))
 

@@ -191,6 +191,11 @@ def test_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert _speedups._decide(no_group) == (
         f"pure Python ({_speedups.GROUP_LIBRARY} is missing)", True)
 
+    bad_manifest = make_tree(tmp_path / "badmanifest", compiled=True)
+    (bad_manifest / _speedups.MANIFEST).write_text("[1, 2]")
+    assert _speedups._decide(bad_manifest) == (
+        f"pure Python ({_speedups.MANIFEST} is not a mapping)", True)
+
     no_sources = make_tree(tmp_path / "nosources", compiled=True)
     for py in no_sources.rglob("*.py"):
         py.unlink()  # a build that ships only the compiled modules

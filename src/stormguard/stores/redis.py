@@ -438,7 +438,7 @@ class _ClusterRouter:
     def __init__(self, store: RedisClusterStore, loop: asyncio.AbstractEventLoop) -> None:
         self.store = store
         self.loop = loop
-        self.muxes: dict[str, _Mux] = {}
+        self.muxes: dict[str, tuple[_Mux, _Breaker]] = {}  # "host:port" -> its connection
         self.client: Any = None
         self.loading: asyncio.Task[None] | None = None
         self.waiting: list[tuple[Any, asyncio.Future[Any]]] = []
@@ -493,26 +493,28 @@ class _ClusterRouter:
             if not fut.done():
                 self._route(command, fut, 0)
 
-    def _mux(self, host: str, port: int) -> tuple[_Mux, _Breaker]:
-        name = f"{host}:{port}"
-        breaker = self.store._node_breaker(name)
-        mux = self.muxes.get(name)
-        if mux is None:
-            params = {"host": host, "port": port, **self.store._auth}
-            mux = self.muxes[name] = _Mux(self.store, self.loop, params,
-                                          self.store._node_ssl_context(), breaker)
-        return mux, breaker
+    def _mux(self, name: str) -> tuple[_Mux, _Breaker]:
+        """The connection and breaker of the master ``host:port``."""
+        pair = self.muxes.get(name)
+        if pair is None:
+            host, _, port = name.rpartition(":")
+            breaker = self.store._node_breaker(name)
+            params = {"host": host, "port": int(port), **self.store._auth}
+            pair = self.muxes[name] = (
+                _Mux(self.store, self.loop, params, self.store._node_ssl_context(), breaker),
+                breaker)
+        return pair
 
     def _route(self, command: Any, fut: asyncio.Future[Any], hops: int,
-               to: tuple[str, int] | None = None, asking: bool = False) -> None:
+               to: str | None = None, asking: bool = False) -> None:
         if to is None:
             node = _node_of(self.client.nodes_manager, command)
             if node is None:
                 fut.set_exception(StorageError("redis: no cluster node serves this key"))
                 self._refresh(force=True)
                 return
-            to = (node.host, node.port)
-        mux, breaker = self._mux(*to)
+            to = node.name  # "host:port"
+        mux, breaker = self._mux(to)
         try:
             breaker.before()
         except StorageError as exc:  # this master's breaker is open: no network
@@ -536,12 +538,11 @@ class _ClusterRouter:
             return
         cause = exc.__cause__
         if isinstance(cause, ResponseError):
-            moved = str(cause).split()
-            if moved[0] in ("MOVED", "ASK") and len(moved) == 3 and hops < 3:
-                host, _, port = moved[2].rpartition(":")
+            moved = str(cause).split()  # "MOVED <slot> <host:port>" or "ASK ..."
+            if len(moved) == 3 and moved[0] in ("MOVED", "ASK") and hops < 3:
                 if moved[0] == "MOVED":
                     self._refresh(force=True)
-                self._route(command, fut, hops + 1, (host, int(port)), moved[0] == "ASK")
+                self._route(command, fut, hops + 1, moved[2], moved[0] == "ASK")
                 return
         else:
             self._refresh(force=False)  # a node failed: perhaps a failover moved its slots
@@ -571,7 +572,7 @@ class _ClusterRouter:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
-        for mux in list(self.muxes.values()):
+        for mux, _ in list(self.muxes.values()):
             await mux.aclose()
         self.muxes.clear()
         for _, fut in self.waiting:
@@ -1053,12 +1054,7 @@ class RedisClusterStore(_RedisBase):
         deadline in force) instead of the socket timeout: redis-py's cluster client has
         no per-call timeout. Returns ``_ROUTED_ELSEWHERE`` when the key's node is not
         known or the slot moved (MOVED/ASK): the cluster client then routes it."""
-        key = command[3] if command[0] in ("EVALSHA", "EVAL") and command[2] else (
-            command[1] if command[0] == "DEL" else None)
-        if key is None:
-            return _ROUTED_ELSEWHERE
-        node = client.nodes_manager.get_node_from_slot(
-            key_slot(key if isinstance(key, bytes) else str(key).encode()))
+        node = _node_of(client.nodes_manager, command)  # (a DEL was packed as an EVAL)
         if node is None:
             return _ROUTED_ELSEWHERE
         pool = client.get_redis_connection(node).connection_pool

@@ -1,6 +1,6 @@
 """Build hook: compile the rate-limiting hot path with mypyc when a C compiler is present.
 
-``stormguard.algorithms`` and ``stormguard.stores.memory`` are compiled into one
+``stormguard.ratelimit.algorithms`` and ``stormguard.stores.memory`` are compiled into one
 mypyc group (they call each other natively). Wheels get the extension modules and
 a manifest of the sources' SHA-256 (``stormguard/_speedups.json``); editable
 installs get them next to the sources in ``src/`` (ignored by git). At import,
@@ -24,7 +24,7 @@ from typing import Any
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 MODULES = {
-    "stormguard.algorithms": "src/stormguard/algorithms/__init__.py",
+    "stormguard.ratelimit.algorithms": "src/stormguard/ratelimit/algorithms/__init__.py",
     "stormguard.stores.memory": "src/stormguard/stores/memory.py",
 }
 GROUP = "stormguard"  # mypyc names the shared library stormguard__mypyc

@@ -31,7 +31,12 @@ import time
 from bisect import bisect_right
 from typing import Any
 
-from stormguard.algorithms import Algorithm, FixedWindow, SlidingWindowCounter, SlidingWindowLog
+from stormguard.ratelimit.algorithms import (
+    Algorithm,
+    FixedWindow,
+    SlidingWindowCounter,
+    SlidingWindowLog,
+)
 
 LIMIT = 100
 WINDOW_S = 60

@@ -42,7 +42,7 @@ from stormguard import (  # noqa: E402
     RedisStore,
     Rule,
 )
-from stormguard.algorithms import ALGORITHMS  # noqa: E402
+from stormguard.ratelimit.algorithms import ALGORITHMS  # noqa: E402
 from stormguard.stores.redis import SCRIPT  # noqa: E402
 
 KEYS = [f"user:{i}" for i in range(1000)]

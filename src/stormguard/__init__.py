@@ -6,9 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 # first: decides whether the compiled hot path may be imported (see stormguard._speedups)
 from stormguard import _speedups  # noqa: F401
-from stormguard._clock import Clock, SystemClock
-from stormguard.decision import Decision
-from stormguard.errors import (
+from stormguard._core.clock import Clock, SystemClock
+from stormguard._core.errors import (
     BulkheadFull,
     CircuitOpen,
     ConfigError,
@@ -18,9 +17,10 @@ from stormguard.errors import (
     StormguardError,
     TransientError,
 )
-from stormguard.limiter import AsyncRateLimiter, RateLimiter
-from stormguard.pipeline import Pipeline
-from stormguard.policies import (
+from stormguard.ratelimit.decision import Decision
+from stormguard.ratelimit.limiter import AsyncRateLimiter, RateLimiter
+from stormguard.ratelimit.rule import Rule
+from stormguard.resilience import (
     Bulkhead,
     CircuitBreaker,
     Fallback,
@@ -28,7 +28,7 @@ from stormguard.policies import (
     RetryBudget,
     Timeout,
 )
-from stormguard.rules import Rule
+from stormguard.resilience.pipeline import Pipeline
 from stormguard.stores import MemoryStore, Store
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """Choose between the compiled hot path and the pure-Python one, once, at import.
 
-The rate-limiting arithmetic (``stormguard.algorithms``) and the embedded store
+The rate-limiting arithmetic (``stormguard.ratelimit.algorithms``) and the embedded store
 (``stormguard.stores.memory``) are plain, typed Python. When stormguard is installed
 from source with a C compiler present, the build compiles those two modules with
 mypyc (see ``hatch_build.py``), which makes an in-memory check 1.5x-2x cheaper. The
@@ -36,7 +36,7 @@ from types import ModuleType
 __all__ = ["COMPILED_MODULES", "GROUP_LIBRARY", "MANIFEST", "STATUS", "compiled", "source_path"]
 
 #: The modules the build compiles, in dependency order.
-COMPILED_MODULES = ("stormguard.algorithms", "stormguard.stores.memory")
+COMPILED_MODULES = ("stormguard.ratelimit.algorithms", "stormguard.stores.memory")
 #: The manifest the build writes next to this file.
 MANIFEST = "_speedups.json"
 #: mypyc's shared library of the compiled group, a top-level module next to the package.

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stormguard import MemoryStore, RateLimiter, Rule
-from stormguard.algorithms import ALGORITHMS as CLASSES
-from stormguard.algorithms import Algorithm, Gcra, LeakyBucket, TokenBucket
+from stormguard.ratelimit.algorithms import ALGORITHMS as CLASSES
+from stormguard.ratelimit.algorithms import Algorithm, Gcra, LeakyBucket, TokenBucket
 from stormguard.testing import FakeClock
 from tests.core.util import ALGORITHMS, NOON, snapshot
 

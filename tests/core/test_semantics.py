@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stormguard import Decision, Rule
-from stormguard.algorithms import ALGORITHMS as ALGO_CLASSES
+from stormguard.ratelimit.algorithms import ALGORITHMS as ALGO_CLASSES
 from tests.core.util import ALGORITHMS, BUCKETS, NOON, admitted_exactly_after, at, limiter_at
 
 US = 1e-6

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import stormguard.algorithms as algorithms
+import stormguard.ratelimit.algorithms as algorithms
 from stormguard import _speedups
 from tests.core.replay import replay
 from tests.core.util import ALGORITHMS
@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_pure_algorithms() -> ModuleType:
-    """``stormguard.algorithms`` from its .py file, under another name."""
-    path = _speedups.source_path("stormguard.algorithms")
+    """``stormguard.ratelimit.algorithms`` from its .py file, under another name."""
+    path = _speedups.source_path("stormguard.ratelimit.algorithms")
     spec = importlib.util.spec_from_file_location("_pure_stormguard_algorithms", path)
     assert spec is not None
     assert spec.loader is not None
@@ -127,8 +127,9 @@ def test_pure_python_store_decides_like_this_process() -> None:
 def test_child_process_really_runs_pure_python() -> None:
     env = {**os.environ, "STORMGUARD_PURE": "1", "PYTHONPATH": str(ROOT / "src")}
     out = subprocess.run(
-        [sys.executable, "-c", "import stormguard._speedups as s, stormguard.algorithms as a, "
-         "stormguard.stores.memory as m; print(s.STATUS); print(a.__file__); print(m.__file__)"],
+        [sys.executable, "-c", "import stormguard._speedups as s, "
+         "stormguard.ratelimit.algorithms as a, stormguard.stores.memory as m; "
+         "print(s.STATUS); print(a.__file__); print(m.__file__)"],
         capture_output=True, text=True, env=env, check=True, timeout=60).stdout.splitlines()
     assert out[1].endswith("__init__.py"), out
     assert out[2].endswith("memory.py"), out

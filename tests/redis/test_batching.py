@@ -16,7 +16,7 @@ from stormguard import (
     StorageError,
     deadline,
 )
-from stormguard.algorithms import ALGORITHMS
+from stormguard.ratelimit.algorithms import ALGORITHMS
 from stormguard.testing import FakeClock
 from tests.redis_servers import RedisServer
 

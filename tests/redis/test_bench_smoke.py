@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stormguard.algorithms import ALGORITHMS
+from stormguard.ratelimit.algorithms import ALGORITHMS
 
 ROOT = Path(__file__).resolve().parents[2]
 

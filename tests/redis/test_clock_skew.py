@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from stormguard import MemoryStore, RedisStore, Rule
-from stormguard.algorithms import ALGORITHMS
+from stormguard.ratelimit.algorithms import ALGORITHMS
 from stormguard.testing import FakeClock
 from tests.redis_servers import RedisServer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stormguard import AsyncRateLimiter, ConfigError, RateLimiter, Rule
-from stormguard.algorithms import ALGORITHMS
+from stormguard.ratelimit.algorithms import ALGORITHMS
 from stormguard.testing import FakeClock
 from tests.redis.conftest import StoreFactory
 

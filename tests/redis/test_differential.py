@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from stormguard import MemoryStore, RedisStore, Rule
-from stormguard.algorithms import ALGORITHMS
+from stormguard.ratelimit.algorithms import ALGORITHMS
 from stormguard.testing import FakeClock
 from tests.redis_servers import RedisServer
 

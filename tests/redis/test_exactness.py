@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from stormguard import RedisClusterStore, RedisStore, Rule
-from stormguard.algorithms import ALGORITHMS
+from stormguard.ratelimit.algorithms import ALGORITHMS
 from stormguard.stores.base import Store
 from stormguard.testing import FakeClock
 

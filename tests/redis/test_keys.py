@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from stormguard import ConfigError, RedisClusterStore, RedisStore, Rule
-from stormguard.algorithms import ALGORITHMS
+from stormguard.ratelimit.algorithms import ALGORITHMS
 from stormguard.stores.redis import SCRIPT
 from stormguard.testing import FakeClock
 from tests.redis_servers import RedisCluster, RedisServer
@@ -22,7 +22,7 @@ ALGOS = sorted(ALGORITHMS)
 
 
 def test_lua_files_are_package_data() -> None:
-    lua = importlib.resources.files("stormguard.stores") / "lua"
+    lua = importlib.resources.files("stormguard.stores.redis") / "lua"
     names = sorted(p.name for p in lua.iterdir() if p.name.endswith(".lua"))
     assert names == ["fixed_window.lua", "gcra.lua", "leaky_bucket.lua", "main.lua",
                      "prelude.lua", "sliding_window_counter.lua", "sliding_window_log.lua",
@@ -166,17 +166,17 @@ def test_wheel_holds_the_lua_scripts_and_the_compiled_hot_path(tmp_path: Path) -
                     "-q", "-w", str(tmp_path), str(root)], check=True, timeout=300)
     (wheel,) = tmp_path.glob("stormguard-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    lua = importlib.resources.files("stormguard.stores") / "lua"
+    lua = importlib.resources.files("stormguard.stores.redis") / "lua"
     for p in lua.iterdir():
         if p.name.endswith(".lua"):
-            assert f"stormguard/stores/lua/{p.name}" in names
+            assert f"stormguard/stores/redis/lua/{p.name}" in names
     # the build compiled the hot path (hatch_build.py): extension modules, their manifest,
     # the sources they were built from, and a platform tag
     assert "stormguard/_speedups.json" in names
-    for stem in ("stormguard__mypyc.", "stormguard/algorithms/__init__.",
+    for stem in ("stormguard__mypyc.", "stormguard/ratelimit/algorithms/__init__.",
                  "stormguard/stores/memory."):
         assert any(n.startswith(stem) and n.endswith(".so") for n in names), stem
-    assert "stormguard/algorithms/__init__.py" in names
+    assert "stormguard/ratelimit/algorithms/__init__.py" in names
     assert not wheel.name.endswith("-none-any.whl"), wheel.name
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from stormguard.policies import Policy
+from stormguard.resilience import Policy
 
 
 class Mode:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from stormguard import BulkheadFull, CircuitBreaker, CircuitOpen, ConfigError
-from stormguard.policies.events import CallRejected, Event, StateChanged
+from stormguard.observability.events import CallRejected, Event, StateChanged
 from stormguard.testing import FakeClock
 from tests.resilience.conftest import Boom, Mode, failing, ok, run_threads
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from stormguard import Bulkhead, BulkheadFull, ConfigError, DeadlineExceeded, Timeout
-from stormguard.policies.events import BulkheadRejected, Event
+from stormguard.observability.events import BulkheadRejected, Event
 from stormguard.testing import FakeClock
 from tests.resilience.conftest import run_threads
 

@@ -25,7 +25,7 @@ from stormguard.integrations.httpx import (
     ResilientTransport,
     parse_retry_after,
 )
-from stormguard.policies import Policy
+from stormguard.resilience import Policy
 from stormguard.testing import FakeClock
 from tests.resilience.conftest import Mode
 from tests.resilience.http_server import Reply, ScriptedServer, closed_port, scripted_server

@@ -25,9 +25,9 @@ from stormguard import (
     Timeout,
     TransientError,
 )
-from stormguard.policies import LoggingListener, Policy, add_listener, remove_listener
-from stormguard.policies._base import Args, AsyncNext, Kwargs, Next
-from stormguard.policies.events import Event, FallbackUsed, StateChanged
+from stormguard.observability.events import Event, FallbackUsed, StateChanged
+from stormguard.resilience import LoggingListener, Policy, add_listener, remove_listener
+from stormguard.resilience._base import Args, AsyncNext, Kwargs, Next
 from stormguard.testing import FakeClock
 from tests.resilience.conftest import Boom, Mode, failing, ok
 
@@ -261,8 +261,8 @@ def test_a_broken_listener_never_breaks_the_call(caplog: pytest.LogCaptureFixtur
 
 async def test_a_pipeline_is_itself_a_layer(mode: Mode, clock: FakeClock) -> None:
     """Chained as one layer (not flattened), it still runs its policies around the rest."""
-    from stormguard.pipeline.asyncio import achain
-    from stormguard.pipeline.blocking import chain
+    from stormguard.resilience.pipeline.asyncio import achain
+    from stormguard.resilience.pipeline.blocking import chain
 
     log: list[str] = []
     inner = Pipeline(Tag("b", log), Tag("c", log))

@@ -20,8 +20,8 @@ from stormguard import (
     Timeout,
     TransientError,
 )
-from stormguard.policies.events import BudgetExhausted, Event, RetryGaveUp, RetryScheduled
-from stormguard.policies.retry import restrict
+from stormguard.observability.events import BudgetExhausted, Event, RetryGaveUp, RetryScheduled
+from stormguard.resilience.retry import restrict
 from stormguard.testing import FakeClock
 from tests.resilience.conftest import Boom, Mode, run_threads
 

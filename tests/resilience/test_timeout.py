@@ -8,7 +8,7 @@ import time
 import pytest
 
 from stormguard import ConfigError, DeadlineExceeded, Pipeline, Timeout, deadline
-from stormguard.policies.events import Event, TimedOut
+from stormguard.observability.events import Event, TimedOut
 from stormguard.testing import FakeClock
 from tests.resilience.conftest import Boom, Mode, failing
 

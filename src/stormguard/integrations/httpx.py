@@ -40,11 +40,16 @@ from typing import Any
 
 import httpx
 
-from stormguard import deadline
-from stormguard._clock import Clock, system_clock
-from stormguard.errors import ConfigError, DeadlineExceeded, RetryBudgetExhausted, TransientError
-from stormguard.policies._base import Policy
-from stormguard.policies.retry import restrict
+from stormguard._core import deadline
+from stormguard._core.clock import Clock, system_clock
+from stormguard._core.errors import (
+    ConfigError,
+    DeadlineExceeded,
+    RetryBudgetExhausted,
+    TransientError,
+)
+from stormguard.resilience._base import Policy
+from stormguard.resilience.retry import restrict
 
 __all__ = [
     "FAILURE_STATUSES",

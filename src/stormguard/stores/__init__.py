@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from stormguard.errors import ConfigError
+from stormguard._core.errors import ConfigError
 from stormguard.stores.base import Store
 from stormguard.stores.memory import MemoryStore
 

@@ -6,12 +6,12 @@ import abc
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from stormguard.errors import ConfigError
+from stormguard._core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from stormguard._clock import Clock
-    from stormguard.decision import Decision
-    from stormguard.rules import Rule
+    from stormguard._core.clock import Clock
+    from stormguard.ratelimit.decision import Decision
+    from stormguard.ratelimit.rule import Rule
 
 __all__ = ["Store", "binding", "check_cost", "check_rules", "key_error"]
 
@@ -35,7 +35,7 @@ def check_cost(rule: Rule, cost: object) -> int:
 
 def check_rules(rules: Sequence[Rule], cost: int) -> tuple[Rule, ...]:
     """Validate a ``hit_all`` rule list: non-empty, duplicates removed, cost fits all."""
-    from stormguard.rules import Rule  # local: avoid an import cycle at module load
+    from stormguard.ratelimit.rule import Rule  # local: avoid an import cycle at module load
 
     if isinstance(rules, Rule):
         rules = (rules,)

@@ -8,10 +8,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
-from stormguard._clock import Clock, system_clock
-from stormguard.decision import Decision
-from stormguard.errors import ConfigError
-from stormguard.rules import Rule
+from stormguard._core.clock import Clock, system_clock
+from stormguard._core.errors import ConfigError
+from stormguard.ratelimit.decision import Decision
+from stormguard.ratelimit.rule import Rule
 from stormguard.stores.base import Store, binding, check_cost, check_rules, key_error
 
 __all__ = ["MemoryStore"]
@@ -53,7 +53,7 @@ class MemoryStore(Store):
         self._wall_ns: Callable[[], int] = (
             wall_ns if wall_ns is not None else (lambda: int(self._wall() * 1e6 + 0.5) * 1000))
         self._data: OrderedDict[tuple[str, str], list[Any]] = OrderedDict()
-        # entry = [expires_at_us, *algorithm state] (see stormguard.algorithms)
+        # entry = [expires_at_us, *algorithm state] (see stormguard.ratelimit.algorithms)
         self._get = self._data.get
         self._touch = self._data.move_to_end
         self._lock = threading.Lock()

@@ -7,7 +7,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from stormguard.rules import Rule
+    from stormguard.ratelimit.rule import Rule
 
 __all__ = ["Decision"]
 

@@ -5,8 +5,8 @@ Recommended order for an outbound call::
     Pipeline(Fallback(...), Timeout(total=3.0), Retry(...), CircuitBreaker(...),
              Bulkhead(...), Timeout(1.0))
 
-The layers are chained once, at construction (see :mod:`stormguard.pipeline.blocking`
-and :mod:`stormguard.pipeline.asyncio`), so a call costs the policies' own work
+The layers are chained once, at construction (see :mod:`stormguard.resilience.pipeline.blocking`
+and :mod:`stormguard.resilience.pipeline.asyncio`), so a call costs the policies' own work
 and nothing per layer beyond a function call.
 """
 
@@ -15,10 +15,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
 
-from stormguard.errors import ConfigError
-from stormguard.pipeline.asyncio import achain
-from stormguard.pipeline.blocking import chain
-from stormguard.policies._base import (
+from stormguard._core.errors import ConfigError
+from stormguard.observability.events import Listener
+from stormguard.resilience._base import (
     Args,
     AsyncNext,
     Kwargs,
@@ -27,7 +26,8 @@ from stormguard.policies._base import (
     ainvoke,
     invoke,
 )
-from stormguard.policies.events import Listener
+from stormguard.resilience.pipeline.asyncio import achain
+from stormguard.resilience.pipeline.blocking import chain
 
 __all__ = ["Pipeline"]
 

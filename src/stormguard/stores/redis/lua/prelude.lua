@@ -1,5 +1,5 @@
 -- stormguard: shared prelude of the rate-limit script.
--- Mirrors stormguard/algorithms/__init__.py exactly. Lua numbers are doubles, exact
+-- Mirrors stormguard/ratelimit/algorithms/__init__.py exactly. Lua numbers are doubles, exact
 -- for integers below 2^53: every intermediate value here is kept below that bound
 -- (the store rejects rules that could exceed it), and every division is corrected
 -- to the exact floor.

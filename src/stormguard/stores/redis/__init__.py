@@ -54,11 +54,11 @@ from redis.exceptions import (
     ResponseError,
 )
 
-from stormguard import deadline
-from stormguard._clock import Clock, system_clock
-from stormguard.decision import Decision
-from stormguard.errors import ConfigError, StorageError
-from stormguard.rules import Rule
+from stormguard._core import deadline
+from stormguard._core.clock import Clock, system_clock
+from stormguard._core.errors import ConfigError, StorageError
+from stormguard.ratelimit.decision import Decision
+from stormguard.ratelimit.rule import Rule
 from stormguard.stores.base import Store, binding, check_cost, check_rules, key_error
 
 __all__ = ["SCRIPT", "RedisClusterStore", "RedisStore", "load_script"]
@@ -90,7 +90,7 @@ _BACKEND_ERRORS = (RedisError, RedisClusterException, OSError, asyncio.TimeoutEr
 
 def load_script() -> str:
     """The rate-limit script: the prelude, the six algorithms and the entry point."""
-    lua = resources.files("stormguard.stores") / "lua"
+    lua = resources.files("stormguard.stores.redis") / "lua"
     return "\n".join(lua.joinpath(name).read_text(encoding="utf-8") for name in _LUA_FILES)
 
 

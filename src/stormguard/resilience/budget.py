@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import threading
 
-from stormguard._clock import Clock, system_clock
-from stormguard.policies._base import check_positive
+from stormguard._core.clock import Clock, system_clock
+from stormguard.resilience._base import check_positive
 
 __all__ = ["RetryBudget"]
 

@@ -48,10 +48,10 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
-from stormguard.decision import Decision
+from stormguard.ratelimit.decision import Decision
 
 if TYPE_CHECKING:
-    from stormguard.rules import Rule
+    from stormguard.ratelimit.rule import Rule
 
 __all__ = [
     "ALGORITHMS",
@@ -213,12 +213,10 @@ class SlidingWindowCounter(Algorithm):
             else:
                 # next window: cur becomes prev
                 w2 = ((N - cost) * W) // cur
-                if w2 > W:
-                    w2 = W
+                w2 = min(w2, W)
                 retry = start + W + (W - w2) - now
         remaining = N + (-prev_part) // W - cur  # (N * W - prev_part) // W - cur
-        if remaining < 0:
-            remaining = 0
+        remaining = max(remaining, 0)
         if cur:
             reset = start + W + W - now
         elif prev:
@@ -313,8 +311,7 @@ class TokenBucket(Algorithm):
         elapsed = now - last
         if elapsed > 0:
             spent -= elapsed * N
-            if spent < 0:
-                spent = 0
+            spent = max(spent, 0)
         else:
             now = last  # the clock stepped back (or stood still): no time passed
         need = W if cost == 1 else cost * W
@@ -362,8 +359,7 @@ class Gcra(Algorithm):
         nows = now * N
         tat: int = entry[1]
         debt = tat - nows
-        if debt < 0:
-            debt = 0
+        debt = max(debt, 0)
         new_debt = debt + (W if cost == 1 else cost * W)
         if new_debt <= tol:
             allowed = True
@@ -408,8 +404,7 @@ class LeakyBucket(Algorithm):
         elapsed = now - last
         if elapsed > 0:
             level -= elapsed * N
-            if level < 0:
-                level = 0
+            level = max(level, 0)
         else:
             now = last  # the clock stepped back (or stood still): no time passed
         add = W if cost == 1 else cost * W

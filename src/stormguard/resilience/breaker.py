@@ -35,9 +35,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from stormguard._clock import Clock
-from stormguard.errors import BulkheadFull, CircuitOpen, ConfigError
-from stormguard.policies._base import (
+from stormguard._core.clock import Clock
+from stormguard._core.errors import BulkheadFull, CircuitOpen, ConfigError
+from stormguard.observability.events import CallRejected, Listener, StateChanged
+from stormguard.resilience._base import (
     Args,
     AsyncNext,
     ExceptionSpec,
@@ -48,7 +49,6 @@ from stormguard.policies._base import (
     check_positive,
     matcher,
 )
-from stormguard.policies.events import CallRejected, Listener, StateChanged
 
 __all__ = ["CircuitBreaker"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from stormguard.pipeline.blocking import compose
-from stormguard.policies._base import AsyncNext, Policy, ainvoke
+from stormguard.resilience._base import AsyncNext, Policy, ainvoke
+from stormguard.resilience.pipeline.blocking import compose
 
 __all__ = ["achain"]
 

@@ -24,9 +24,9 @@ import math
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar, overload
 
-from stormguard._clock import Clock, system_clock
-from stormguard.errors import ConfigError
-from stormguard.policies.events import Event, Listener, emit, observed
+from stormguard._core.clock import Clock, system_clock
+from stormguard._core.errors import ConfigError
+from stormguard.observability.events import Event, Listener, emit, observed
 
 __all__ = ["Args", "AsyncNext", "ExceptionSpec", "Kwargs", "Next", "Policy", "ainvoke", "invoke",
            "matcher"]

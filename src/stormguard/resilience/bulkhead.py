@@ -20,10 +20,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from stormguard._clock import Clock
-from stormguard.deadline import _current
-from stormguard.errors import BulkheadFull
-from stormguard.policies._base import (
+from stormguard._core.clock import Clock
+from stormguard._core.deadline import _current
+from stormguard._core.errors import BulkheadFull
+from stormguard.observability.events import BulkheadRejected, Listener
+from stormguard.resilience._base import (
     Args,
     AsyncNext,
     Kwargs,
@@ -32,7 +33,6 @@ from stormguard.policies._base import (
     check_int,
     check_positive,
 )
-from stormguard.policies.events import BulkheadRejected, Listener
 
 __all__ = ["Bulkhead"]
 

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-from stormguard.policies._base import Next, Policy, invoke
+from stormguard.resilience._base import Next, Policy, invoke
 
 __all__ = ["chain", "compose"]
 

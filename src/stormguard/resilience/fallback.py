@@ -13,10 +13,18 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from stormguard._clock import Clock
-from stormguard.errors import ConfigError
-from stormguard.policies._base import Args, AsyncNext, ExceptionSpec, Kwargs, Next, Policy, matcher
-from stormguard.policies.events import FallbackUsed, Listener
+from stormguard._core.clock import Clock
+from stormguard._core.errors import ConfigError
+from stormguard.observability.events import FallbackUsed, Listener
+from stormguard.resilience._base import (
+    Args,
+    AsyncNext,
+    ExceptionSpec,
+    Kwargs,
+    Next,
+    Policy,
+    matcher,
+)
 
 __all__ = ["Fallback"]
 

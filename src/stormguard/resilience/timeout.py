@@ -2,7 +2,7 @@
 
 ``Timeout(1.0)`` bounds one attempt (put it inside ``Retry``); ``Timeout(total=3.0)``
 bounds everything inside it, retries and their sleeps included. Both set the
-deadline context variable of :mod:`stormguard.deadline`, clipped to any outer
+deadline context variable of :mod:`stormguard._core.deadline`, clipped to any outer
 deadline, so an inner timeout never outlives an outer one.
 
 What is enforced:
@@ -11,7 +11,7 @@ What is enforced:
   passes (:func:`asyncio.timeout`) and :class:`DeadlineExceeded` is raised.
 * **blocking code** cannot be interrupted safely in Python. The policy:
   raises ``DeadlineExceeded`` *without calling* when the deadline has already
-  passed on entry; publishes the deadline (``stormguard.deadline.remaining()``)
+  passed on entry; publishes the deadline (``stormguard._core.deadline.remaining()``)
   so that I/O code clips its own timeouts (the httpx transport and the Redis
   store do; your own client can); and when the call comes back after the
   deadline, raises ``DeadlineExceeded`` (a late result is discarded, a late
@@ -25,11 +25,11 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from stormguard._clock import Clock
-from stormguard.deadline import Deadline, _current
-from stormguard.errors import ConfigError, DeadlineExceeded
-from stormguard.policies._base import Args, AsyncNext, Kwargs, Next, Policy, check_positive
-from stormguard.policies.events import Listener, TimedOut
+from stormguard._core.clock import Clock
+from stormguard._core.deadline import Deadline, _current
+from stormguard._core.errors import ConfigError, DeadlineExceeded
+from stormguard.observability.events import Listener, TimedOut
+from stormguard.resilience._base import Args, AsyncNext, Kwargs, Next, Policy, check_positive
 
 __all__ = ["Timeout"]
 

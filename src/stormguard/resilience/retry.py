@@ -13,7 +13,7 @@ Attempt ``n`` (1-based) failed: the nominal delay is
 An error with a numeric ``retry_after`` attribute (a 429/503 ``Retry-After``,
 :class:`stormguard.TransientError`) sets the delay instead, capped at
 ``max_retry_after`` (``max_delay`` when omitted). Before sleeping, Retry
-checks the deadline in force (:mod:`stormguard.deadline`): it never sleeps
+checks the deadline in force (:mod:`stormguard._core.deadline`): it never sleeps
 past it and never starts an attempt with less than ``min_attempt_time`` left;
 it gives up and raises the last error instead. When its
 :class:`RetryBudget` is spent it raises :class:`RetryBudgetExhausted` whose
@@ -28,10 +28,11 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from stormguard._clock import Clock
-from stormguard.deadline import _current
-from stormguard.errors import ConfigError, RetryBudgetExhausted, TransientError
-from stormguard.policies._base import (
+from stormguard._core.clock import Clock
+from stormguard._core.deadline import _current
+from stormguard._core.errors import ConfigError, RetryBudgetExhausted, TransientError
+from stormguard.observability.events import BudgetExhausted, Listener, RetryGaveUp, RetryScheduled
+from stormguard.resilience._base import (
     Args,
     AsyncNext,
     ExceptionSpec,
@@ -42,8 +43,7 @@ from stormguard.policies._base import (
     check_positive,
     matcher,
 )
-from stormguard.policies.budget import RetryBudget
-from stormguard.policies.events import BudgetExhausted, Listener, RetryGaveUp, RetryScheduled
+from stormguard.resilience.budget import RetryBudget
 
 __all__ = ["JITTERS", "Retry", "is_transient", "restrict"]
 

@@ -1,0 +1,1 @@
+"""The tiny shared vocabulary: clock, deadline, errors."""

@@ -1,0 +1,81 @@
+"""The stormguard exception tree.
+
+::
+
+    StormguardError
+    ├── ConfigError (also ValueError)      bad rule, policy option or argument
+    ├── StorageError                       a backend (Redis, ...) failed or timed out
+    ├── CircuitOpen                        a circuit breaker rejected the call
+    ├── BulkheadFull                       a bulkhead had no free slot in time
+    ├── DeadlineExceeded (also TimeoutError) a timeout or overall deadline passed
+    └── RetryBudgetExhausted               the shared retry budget is spent
+
+    TransientError                         raise (or subclass) it to say "retrying may help"
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BulkheadFull",
+    "CircuitOpen",
+    "ConfigError",
+    "DeadlineExceeded",
+    "RetryBudgetExhausted",
+    "StorageError",
+    "StormguardError",
+    "TransientError",
+]
+
+
+class StormguardError(Exception):
+    """Base class of every error stormguard raises itself."""
+
+
+class ConfigError(StormguardError, ValueError):
+    """Invalid configuration or argument; the message names the field and the value."""
+
+    def __init__(self, field: str, value: object, problem: str) -> None:
+        self.field = field
+        self.value = value
+        self.problem = problem
+        super().__init__(f"{field}: {problem} (got {value!r})")
+
+
+class StorageError(StormguardError):
+    """A storage backend failed: connection refused, timeout, script error, breaker open."""
+
+
+class CircuitOpen(StormguardError):
+    """The circuit breaker is open (or its half-open trial slots are taken).
+
+    ``remaining`` is how many seconds it stays open (0.0 in half-open).
+    """
+
+    def __init__(self, message: str = "circuit breaker is open", *, remaining: float = 0.0,
+                 name: str | None = None) -> None:
+        self.remaining = remaining
+        self.name = name
+        super().__init__(message)
+
+
+class BulkheadFull(StormguardError):
+    """The bulkhead had no free slot within ``max_wait``."""
+
+
+class DeadlineExceeded(StormguardError, TimeoutError):
+    """A per-attempt timeout or the overall deadline passed."""
+
+
+class RetryBudgetExhausted(StormguardError):
+    """The shared retry budget is spent; ``__cause__`` is the original error."""
+
+
+class TransientError(Exception):
+    """An error that says retrying may help. Subclass it, or raise it directly.
+
+    ``retry_after`` (seconds) is honoured by :class:`stormguard.Retry` as the next delay.
+    """
+
+    def __init__(self, *args: object, retry_after: float | None = None) -> None:
+        super().__init__(*args)
+        self.retry_after = retry_after

@@ -1,0 +1,1 @@
+"""Events (and, later, metrics) of every component."""

@@ -1,0 +1,2 @@
+"""Inbound rate limiting: the quota (Rule), the verdict (Decision), the limiters,
+the algorithms and rules as data."""

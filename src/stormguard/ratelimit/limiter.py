@@ -1,0 +1,189 @@
+"""`RateLimiter` and `AsyncRateLimiter`: the front door of inbound rate limiting."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from stormguard._core.errors import ConfigError, StorageError
+from stormguard.ratelimit.decision import Decision
+from stormguard.ratelimit.rule import Rule
+from stormguard.stores import from_url
+from stormguard.stores.base import Store, check_rules
+from stormguard.stores.memory import MemoryStore
+
+__all__ = ["AsyncRateLimiter", "OnError", "RateLimiter"]
+
+OnError = Literal["allow", "deny", "local"]
+_ON_ERROR = ("allow", "deny", "local")
+
+
+class _Base:
+    def __init__(self, store: Store | str = "memory://", *, on_error: OnError = "allow",
+                 local_share: float = 1.0, deny_retry_after: float = 1.0,
+                 on_degraded: Callable[[Rule, StorageError], None] | None = None,
+                 **store_options: Any) -> None:
+        if isinstance(store, str):
+            store = from_url(store, **store_options)
+        elif store_options:
+            raise ConfigError("store_options", sorted(store_options),
+                              "only apply when the store is given as a URL")
+        if not isinstance(store, Store):
+            raise ConfigError("store", store, "must be a stormguard Store or a store URL")
+        if on_error not in _ON_ERROR:
+            raise ConfigError("on_error", on_error, f"must be one of {list(_ON_ERROR)}")
+        if isinstance(local_share, bool) or not isinstance(local_share, int | float) \
+                or not 0 < local_share <= 1:
+            raise ConfigError("local_share", local_share, "must be a number in (0, 1]")
+        if not isinstance(deny_retry_after, int | float) or deny_retry_after < 0:
+            raise ConfigError("deny_retry_after", deny_retry_after, "must be >= 0 seconds")
+        self.store = store
+        self.on_error: OnError = on_error
+        self.local_share = float(local_share)
+        self.deny_retry_after = float(deny_retry_after)
+        self.on_degraded = on_degraded
+        self.degraded_count = 0
+        """How many decisions were answered by ``on_error`` instead of the store."""
+        self._count_lock = threading.Lock()
+        # created up front: two threads failing over at once must share one local store
+        self._local: MemoryStore | None = (
+            MemoryStore(clock=store.clock) if on_error == "local" else None)
+        self._local_rules: dict[str, Rule] = {}
+
+    # -- degraded answers -------------------------------------------------------------
+    def _local_rule(self, rule: Rule) -> Rule:
+        r = self._local_rules.get(rule.id)
+        if r is None:
+            limit = max(1, int(rule.limit * self.local_share))
+            r = rule if limit == rule.limit else rule.with_limit(limit)
+            self._local_rules[rule.id] = r
+        return r
+
+    def _degraded(self, key: str, rules: Sequence[Rule], cost: int, exc: StorageError,
+                  consume: bool = True) -> Decision:
+        with self._count_lock:
+            self.degraded_count += 1
+        if self.on_degraded is not None:
+            self.on_degraded(rules[0], exc)
+        if self.on_error == "local":
+            if self._local is None:
+                self._local = MemoryStore(clock=self.store.clock)
+            local = [self._local_rule(r) for r in rules]
+            cost = min(cost, *(r.capacity for r in local))
+            if consume:
+                d = self._local.hit_all(key, local, cost)
+            else:
+                d = self._local.peek(key, local[0], cost)
+            original = next((r for r in rules if self._local_rule(r) is d.rule), rules[0])
+            return d.replace(rule=original, degraded=True)
+        rule = rules[0]
+        cap = rule.capacity
+        if self.on_error == "deny":
+            return Decision(False, cap, 0, self.deny_retry_after, self.deny_retry_after,
+                            rule, True)
+        return Decision(True, cap, cap, 0.0, 0.0, rule, True)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.store!r}, on_error={self.on_error!r})"
+
+
+class RateLimiter(_Base):
+    """Blocking rate limiter over any store.
+
+    >>> from stormguard import RateLimiter, Rule
+    >>> limiter = RateLimiter("memory://")
+    >>> limiter.hit("user:42", Rule.parse("100/minute")).allowed
+    True
+
+    ``on_error`` decides what a check gets when the store fails: ``"allow"`` (default,
+    fail-open), ``"deny"`` (fail-closed) or ``"local"`` (an in-process limiter enforcing
+    ``local_share`` of each rule's limit). Such decisions have ``degraded=True``.
+    """
+
+    def __init__(self, store: Store | str = "memory://", **options: Any) -> None:
+        super().__init__(store, **options)
+        if type(self.store) is MemoryStore:
+            # The embedded store never raises StorageError: skip one frame per check.
+            self.hit = self.store.hit  # type: ignore[method-assign]
+            self.peek = self.store.peek  # type: ignore[method-assign]
+
+    def hit(self, key: str, rule: Rule, cost: int = 1) -> Decision:
+        """Check and consume ``cost`` if admitted."""
+        try:
+            return self.store.hit(key, rule, cost)
+        except StorageError as exc:
+            return self._degraded(key, (rule,), cost, exc)
+
+    def peek(self, key: str, rule: Rule, cost: int = 1) -> Decision:
+        """The decision ``hit`` would give, consuming nothing."""
+        try:
+            return self.store.peek(key, rule, cost)
+        except StorageError as exc:
+            return self._degraded(key, (rule,), cost, exc, consume=False)
+
+    def hit_all(self, key: str, rules: Sequence[Rule], cost: int = 1) -> Decision:
+        """All-or-nothing over several rules; returns the binding rule's decision."""
+        try:
+            return self.store.hit_all(key, rules, cost)
+        except StorageError as exc:
+            return self._degraded(key, check_rules(rules, cost), cost, exc)
+
+    def reset(self, key: str, rule: Rule | Sequence[Rule]) -> None:
+        """Forget the counters of ``key`` under ``rule`` (raises StorageError on failure)."""
+        self.store.reset(key, rule)
+        if self._local is not None:
+            rules = (rule,) if isinstance(rule, Rule) else tuple(rule)
+            self._local.reset(key, [self._local_rule(r) for r in rules])
+
+    def ping(self) -> bool:
+        return self.store.ping()
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> RateLimiter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncRateLimiter(_Base):
+    """The same API as :class:`RateLimiter`, as coroutines."""
+
+    async def hit(self, key: str, rule: Rule, cost: int = 1) -> Decision:
+        try:
+            return await self.store.ahit(key, rule, cost)
+        except StorageError as exc:
+            return self._degraded(key, (rule,), cost, exc)
+
+    async def peek(self, key: str, rule: Rule, cost: int = 1) -> Decision:
+        try:
+            return await self.store.apeek(key, rule, cost)
+        except StorageError as exc:
+            return self._degraded(key, (rule,), cost, exc, consume=False)
+
+    async def hit_all(self, key: str, rules: Sequence[Rule], cost: int = 1) -> Decision:
+        try:
+            return await self.store.ahit_all(key, rules, cost)
+        except StorageError as exc:
+            return self._degraded(key, check_rules(rules, cost), cost, exc)
+
+    async def reset(self, key: str, rule: Rule | Sequence[Rule]) -> None:
+        await self.store.areset(key, rule)
+        if self._local is not None:
+            rules = (rule,) if isinstance(rule, Rule) else tuple(rule)
+            self._local.reset(key, [self._local_rule(r) for r in rules])
+
+    async def ping(self) -> bool:
+        return await self.store.aping()
+
+    async def aclose(self) -> None:
+        await self.store.aclose()
+
+    async def __aenter__(self) -> AsyncRateLimiter:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -5,6 +5,7 @@
     StormguardError
     ├── ConfigError (also ValueError)      bad rule, policy option or argument
     ├── StorageError                       a backend (Redis, ...) failed or timed out
+    │   └── StorageCircuitOpen             the store's own breaker is open: no network call
     ├── CircuitOpen                        a circuit breaker rejected the call
     ├── BulkheadFull                       a bulkhead had no free slot in time
     ├── DeadlineExceeded (also TimeoutError) a timeout or overall deadline passed
@@ -21,6 +22,7 @@ __all__ = [
     "ConfigError",
     "DeadlineExceeded",
     "RetryBudgetExhausted",
+    "StorageCircuitOpen",
     "StorageError",
     "StormguardError",
     "TransientError",
@@ -43,6 +45,20 @@ class ConfigError(StormguardError, ValueError):
 
 class StorageError(StormguardError):
     """A storage backend failed: connection refused, timeout, script error, breaker open."""
+
+
+class StorageCircuitOpen(StorageError):
+    """The store's circuit breaker is open: the call was refused without touching the network.
+
+    ``remaining`` is how many seconds it stays open (0.0 when half-open and the probe is
+    taken), as on :class:`CircuitOpen`.
+    """
+
+    def __init__(self, message: str = "store circuit breaker is open", *,
+                 remaining: float = 0.0, name: str | None = None) -> None:
+        self.remaining = remaining
+        self.name = name
+        super().__init__(message)
 
 
 class CircuitOpen(StormguardError):

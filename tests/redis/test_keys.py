@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from stormguard import ConfigError, RedisClusterStore, RedisStore, Rule
+from stormguard import ConfigError, RedisClusterStore, RedisStore, Rule, _speedups
 from stormguard.ratelimit.algorithms import ALGORITHMS
 from stormguard.stores.redis import SCRIPT
 from stormguard.testing import FakeClock
@@ -173,10 +173,14 @@ def test_wheel_holds_the_lua_scripts_and_the_compiled_hot_path(tmp_path: Path) -
     # the build compiled the hot path (hatch_build.py): extension modules, their manifest,
     # the sources they were built from, and a platform tag
     assert "stormguard/_speedups.json" in names
-    for stem in ("stormguard__mypyc.", "stormguard/ratelimit/algorithms/__init__.",
-                 "stormguard/stores/memory."):
-        assert any(n.startswith(stem) and n.endswith(".so") for n in names), stem
-    assert "stormguard/ratelimit/algorithms/__init__.py" in names
+    top = Path(_speedups.__file__).resolve().parents[1]
+    compiled = [_speedups.source_path(m).relative_to(top).with_suffix("").as_posix()
+                for m in _speedups.COMPILED_MODULES]
+    assert "stormguard/ratelimit/algorithms/buckets" in compiled
+    for stem in ("stormguard__mypyc", *compiled):
+        assert any(n.startswith(stem + ".") and n.endswith(".so") for n in names), stem
+    for stem in compiled:
+        assert f"{stem}.py" in names
     assert not wheel.name.endswith("-none-any.whl"), wheel.name
 
 

@@ -45,9 +45,10 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from stormguard._core.errors import ConfigError
+from stormguard._core.validate import UNITS as _UNITS
 from stormguard.ratelimit.decision import Decision
 from stormguard.ratelimit.limiter import AsyncRateLimiter, RateLimiter
-from stormguard.ratelimit.rule import _UNITS, DEFAULT_ALGORITHM, Rule
+from stormguard.ratelimit.rule import DEFAULT_ALGORITHM, Rule
 from stormguard.stores.base import check_cost
 
 __all__ = [

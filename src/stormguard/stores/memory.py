@@ -179,7 +179,7 @@ class MemoryStore(Store):
         return binding(decisions)
 
     def reserve(self, key: object, rule: Rule, cost: object = 1, *,
-                max_wait: float | None = None, book: bool = True) -> Reservation:
+                max_wait: object = None, book: object = True) -> Reservation:
         if type(key) is not str:
             raise key_error(key)
         cost, wait_us = check_reservation(rule, cost, max_wait, book)
@@ -189,7 +189,7 @@ class MemoryStore(Store):
         with self._lock:
             entry = self._get(k)
             state = None if entry is None else algo.state_of(entry)
-            ok, at, new_state = algo.reserve(state, now, cost, wait_us, book)
+            ok, at, new_state = algo.reserve(state, now, cost, wait_us, book is True)
             if ok and book:
                 if entry is None:
                     if len(self._data) >= self.max_keys:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from stormguard._core import validate
@@ -38,12 +38,16 @@ except ImportError:  # not a runtime dependency: only the compiler reads the dec
 
 DEFAULT_MAX_KEYS = 100_000
 _SWEEP_INTERVAL_US = 1_000_000
-_new = tuple.__new__
+_new: Final = tuple.__new__  # Final: compiled, a C static instead of a dict lookup per call
 
 
 def _decision(v: Verdict, algo: Algorithm, rule: Rule) -> Decision:
-    """The Decision of an algorithm's verdict (times from microseconds to seconds)."""
-    return _new(Decision, (v[0], algo.B, v[1], v[2] / 1e6, v[3] / 1e6, rule, False))
+    """The Decision of an algorithm's verdict (times from microseconds to seconds; a zero
+    is the constant 0.0, not a new float)."""
+    reset = v[2]
+    retry = v[3]
+    return _new(Decision, (v[0], algo.B, v[1], reset / 1e6 if reset else 0.0,
+                           retry / 1e6 if retry else 0.0, rule, False))
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # compiled, it stays open to subclasses
@@ -124,7 +128,11 @@ class MemoryStore(Store):
                     self._mru = entry
         finally:
             self._release()
-        return _new(Decision, (v[0], algo.B, v[1], v[2] / 1e6, v[3] / 1e6, rule, False))
+        # _decision(v, algo, rule), inlined
+        reset = v[2]
+        retry = v[3]
+        return _new(Decision, (v[0], algo.B, v[1], reset / 1e6 if reset else 0.0,
+                               retry / 1e6 if retry else 0.0, rule, False))
 
     def peek(self, key: object, rule: Rule, cost: object = 1) -> Decision:
         if type(key) is not str:

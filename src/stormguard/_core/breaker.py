@@ -290,10 +290,12 @@ class BreakerMachine:
             raise self.reject(reason, remaining)
         return epoch
 
-    def _record(self, epoch: int, failed: bool, start: float) -> None:
+    def _record(self, epoch: int, failed: bool, start: float | None) -> None:
+        """Record an outcome; ``start`` None: no duration known (never a slow call)."""
         if self.timed:
             now = self.clock.monotonic()
-            slow = self.slow_call_duration is not None and now - start >= self.slow_call_duration
+            slow = (start is not None and self.slow_call_duration is not None
+                    and now - start >= self.slow_call_duration)
         else:
             now, slow = 0.0, False
         change = None
@@ -345,16 +347,15 @@ class BreakerMachine:
     # -- outcome-only reporting (for callers that cannot carry an epoch, e.g. a pipelined
     #    connection whose replies serve many callers): attributed to the current state ----------
     def success(self) -> None:
-        """A call succeeded (attributed to the current state)."""
-        if self.fast and self.slow_call_duration is None and self.state_code == CLOSED \
-                and len(self._ring) >= self.min_calls:
+        """A call succeeded (attributed to the current state; no duration: never slow)."""
+        if self.fast and self.state_code == CLOSED and len(self._ring) >= self.min_calls:
             self._ring.append(0)
             return
-        self._record(self.epoch, False, 0.0)
+        self._record(self.epoch, False, None)
 
     def failure(self) -> None:
         """A call failed (attributed to the current state)."""
-        self._record(self.epoch, True, 0.0)
+        self._record(self.epoch, True, None)
 
     def __repr__(self) -> str:
         return f"BreakerMachine(name={self.name!r}, state={self.state!r})"

@@ -38,15 +38,15 @@ __all__ = ["Timeout"]
 class _Expiry:
     """The asyncio half of a deadline: a loop timer that cancels the task when it passes.
 
-    Armed on the clock's time (``loop.time()`` plus what is left on the deadline's
-    clock): on :class:`stormguard.testing.FakeClock`'s loop it is a virtual timer.
+    Armed on the clock's time (``loop.time()`` plus what is left on the policy's
+    clock, ``delay``): on :class:`stormguard.testing.FakeClock`'s loop it is a virtual timer.
     ``asyncio.timeout()`` semantics with a bare loop timer (cheaper, see bench/): a
     cancellation we caused (and only that) becomes DeadlineExceeded.
     """
 
     __slots__ = ("cancelling", "expired", "handle", "task")
 
-    def __init__(self, d: Deadline) -> None:
+    def __init__(self, delay: float) -> None:
         task = asyncio.current_task()
         if task is None:  # pragma: no cover - acall always runs inside a task
             raise RuntimeError("Timeout.acall must run inside an asyncio task")
@@ -54,7 +54,7 @@ class _Expiry:
         self.cancelling = task.cancelling()
         self.expired = False
         loop = task.get_loop()
-        self.handle = loop.call_at(loop.time() + d.remaining(), self._expire)
+        self.handle = loop.call_at(loop.time() + delay, self._expire)
 
     def _expire(self) -> None:
         self.expired = True
@@ -122,7 +122,7 @@ class Timeout(Policy):
         else:
             d, now = self._enter()
             monotonic = d.clock.monotonic
-        expiry = _Expiry(d)  # async only
+        expiry = _Expiry(d.at - now)  # async only
         token = _current.set(d)
         try:
             result = await nxt(fn, args, kwargs)

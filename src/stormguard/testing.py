@@ -43,15 +43,16 @@ class FakeClock:
     def __init__(self, start: float = 1_700_000_040.0, *, monotonic_start: float = 100.0) -> None:
         self._mono0 = float(monotonic_start)
         self._elapsed = 0.0
-        # wall() = _wall_base + (_elapsed - _wall_since): exact right after set_wall()
-        self._wall_base = float(start)
-        self._wall_since = 0.0
+        # wall() = base + (_elapsed - since): exact right after set_wall(); one tuple, so a
+        # reader in another thread never sees half of a set_wall()
+        self._wall_at = (float(start), 0.0)
         self._lock = threading.Lock()
         self.sleeps: list[float] = []
         """Every duration passed to ``sleep``/``asleep``, in order."""
 
     def wall(self) -> float:
-        return self._wall_base + (self._elapsed - self._wall_since)
+        base, since = self._wall_at
+        return base + (self._elapsed - since)
 
     def wall_ns(self) -> int:
         """``wall()`` in integer nanoseconds, rounded to the microsecond."""
@@ -84,7 +85,7 @@ class FakeClock:
             ahead = when - self.wall()
             if ahead > 0:
                 self._elapsed += ahead
-            self._wall_base, self._wall_since = float(when), self._elapsed
+            self._wall_at = (float(when), self._elapsed)
 
     def sleep(self, seconds: float) -> None:
         self.sleeps.append(seconds)

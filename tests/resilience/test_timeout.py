@@ -227,3 +227,17 @@ async def test_outer_deadline_on_another_clock_still_clips(mode: Mode) -> None:
 
     await mode.call(Timeout(total=3.0, clock=outer_clock), body)
     assert seen == [pytest.approx(0.5)]
+
+
+def test_scope_and_timeout_share_one_clipping(clock: FakeClock) -> None:
+    other = FakeClock(monotonic_start=9_000.0)
+    with deadline.scope(2.0, clock) as outer:
+        with deadline.scope(5.0, clock) as inner:
+            assert inner.at == outer.at  # never outlives the outer deadline
+        with deadline.scope(5.0, other) as elsewhere:  # another clock: clipped by what is left
+            assert elsewhere.remaining() == pytest.approx(2.0)
+        clock.advance(0.5)
+        seen: list[float | None] = []
+        Timeout(5.0, clock=other).call(lambda: seen.append(deadline.remaining()))
+        assert seen == [pytest.approx(1.5)]
+    assert deadline.current() is None

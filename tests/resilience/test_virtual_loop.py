@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from stormguard import DeadlineExceeded, Timeout
+from stormguard import Bulkhead, BulkheadFull, DeadlineExceeded, Pipeline, Retry, Timeout
+from stormguard._core.clock import Clock, system_clock, wall_us
 from stormguard.testing import FakeClock, VirtualEventLoop
 
 # Every test here checks the *real* time a virtual run took: it is the point of the loop
@@ -235,3 +236,47 @@ def test_set_wall_goes_back_without_moving_monotonic(clock: FakeClock) -> None:
     assert clock.monotonic() == pytest.approx(161.75)
     with pytest.raises(ValueError, match="back in time"):
         clock.advance(-1)
+
+
+def test_every_stormguard_timer_runs_in_virtual_time(clock: FakeClock) -> None:
+    """Retry sleeps, bulkhead waits and timeouts of one pipeline, on one virtual timeline."""
+    log: list[tuple[str, float]] = []
+    bh = Bulkhead(1, max_wait=2.0, clock=clock)
+    policy = Pipeline(Timeout(total=20.0, clock=clock),
+                      Retry(attempts=4, base=1.0, jitter="none", retry_on=(BulkheadFull,
+                                                                           DeadlineExceeded),
+                            clock=clock),
+                      bh, Timeout(3.0, clock=clock))
+
+    async def call(name: str, work: float) -> None:
+        log.append((name, clock.monotonic() - 100.0))
+        await asyncio.sleep(work)
+
+    async def main() -> list[BaseException | None]:
+        hog = asyncio.ensure_future(bh.acall(asyncio.sleep, 4.5))  # holds the slot 4.5 s
+        await asyncio.sleep(0)
+        out = await asyncio.gather(policy.acall(call, "a", 10.0), return_exceptions=True)
+        await hog
+        return out
+
+    def go() -> None:
+        (result,) = clock.run(main())
+        assert isinstance(result, DeadlineExceeded)
+
+    assert real_time(go) < REAL_BOUND
+    # t=0: waits 2 s for the slot (BulkheadFull), backs off 1 s; t=3: waits, gets the slot at
+    # 4.5 (the hog ends), times out at 7.5; backs off 2 s; t=9.5: times out at 12.5; backs
+    # off 4 s; t=16.5: the 4th and last attempt times out at 19.5 (inside the total 20 s)
+    assert log == [("a", 4.5), ("a", 9.5), ("a", 16.5)]
+    assert clock.monotonic() - 100.0 == 19.5
+
+
+def test_the_clock_protocol_and_epoch_microseconds(clock: FakeClock) -> None:
+    assert isinstance(clock, Clock)
+    assert isinstance(system_clock, Clock)
+    clock.set_wall(1_700_000_000.123456)
+    assert wall_us(clock) == 1_700_000_000_123_456
+    clock.set_wall(1_700_000_000.0000005)  # rounds to the microsecond, as the stores do
+    assert wall_us(clock) == 1_700_000_000_000_001
+    before = time.time_ns() // 1000
+    assert before <= wall_us(system_clock) <= time.time_ns() // 1000

@@ -57,6 +57,25 @@ def test_a_trial_whose_outcome_never_comes_gives_its_slot_back_after_the_lease(
     assert rejects == ["half_open_full"] * 3
 
 
+def test_a_late_release_after_the_lease_does_not_give_the_slot_back_twice(
+        clock: FakeClock) -> None:
+    """Regression: the lease handed the slot of a slow trial on, then that trial's
+    release() gave it back again: two trials in flight with half_open_calls=1."""
+    m, _, _ = machine(clock, window=2, min_calls=2, open_for=5, half_open_calls=1,
+                      probe_lease=10.0)
+    trip(m)
+    clock.advance(5)
+    slow = m.acquire()
+    clock.advance(10)
+    m.acquire()  # the lease handed the slow trial's slot on
+    m.release(slow)  # the slow trial ends after all, without a verdict
+    with pytest.raises(CircuitOpen):
+        m.acquire()  # still exactly one trial in flight
+    clock.advance(10)
+    m.on_success(m.acquire())  # and the lease still heals a lost one
+    assert m.state == "closed"
+
+
 def test_without_a_lease_a_lost_trial_keeps_its_slot(clock: FakeClock) -> None:
     m, _, _ = machine(clock, window=2, min_calls=2, open_for=5, half_open_calls=1)
     trip(m)

@@ -145,10 +145,14 @@ class VirtualEventLoop(asyncio.SelectorEventLoop):
     """
 
     def __init__(self, clock: FakeClock, *, autojump_threshold: float = 0.0) -> None:
-        self.clock = clock
-        self.autojump_threshold = validate.number("autojump_threshold", autojump_threshold,
-                                                  allow_zero=True)
         super().__init__(selectors.DefaultSelector())
+        self.clock = clock
+        try:
+            self.autojump_threshold = validate.number("autojump_threshold", autojump_threshold,
+                                                      allow_zero=True)
+        except BaseException:
+            self.close()
+            raise
 
     def time(self) -> float:
         return self.clock.monotonic()

@@ -7,8 +7,18 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from stormguard import Bulkhead, BulkheadFull, DeadlineExceeded, Pipeline, Retry, Timeout
+from stormguard import (
+    Bulkhead,
+    BulkheadFull,
+    ConfigError,
+    DeadlineExceeded,
+    Pipeline,
+    Retry,
+    Timeout,
+)
 from stormguard._core.clock import Clock, system_clock, wall_us
 from stormguard.testing import FakeClock, VirtualEventLoop
 
@@ -280,3 +290,45 @@ def test_the_clock_protocol_and_epoch_microseconds(clock: FakeClock) -> None:
     assert wall_us(clock) == 1_700_000_000_000_001
     before = time.time_ns() // 1000
     assert before <= wall_us(system_clock) <= time.time_ns() // 1000
+
+
+@settings(max_examples=40, deadline=None)
+@given(plans=st.lists(st.lists(st.integers(0, 10_000).map(lambda ms: ms / 1000), min_size=1,
+                               max_size=5), min_size=1, max_size=30))
+def test_every_task_wakes_exactly_on_its_virtual_time(plans: list[list[float]]) -> None:
+    """Random tasks, each a chain of sleeps: each wakes at exactly the sum of its own
+    sleeps (as the loop adds them), whatever the others do, and the run ends with the
+    longest chain."""
+    clock = FakeClock()
+
+    async def chain(delays: list[float]) -> tuple[float, float]:
+        loop = asyncio.get_running_loop()
+        expected = loop.time()
+        for delay in delays:
+            expected += delay
+            await asyncio.sleep(delay)
+            assert loop.time() >= expected - 1e-9  # never woken early
+        return clock.monotonic(), expected
+
+    async def main() -> list[tuple[float, float]]:
+        return await asyncio.gather(*(chain(p) for p in plans))
+
+    for woke, expected in clock.run(main()):
+        assert woke == pytest.approx(expected, abs=1e-9)
+    assert clock.monotonic() == pytest.approx(100.0 + max(map(sum, plans)), abs=1e-9)
+
+
+def test_run_propagates_the_error_and_still_closes_the_loop(clock: FakeClock) -> None:
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    async def main() -> None:
+        loops.append(asyncio.get_running_loop())
+        await asyncio.sleep(3)
+        raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        clock.run(main())
+    assert loops[0].is_closed()
+    assert clock.monotonic() == 103.0
+    with pytest.raises(ConfigError):
+        clock.new_event_loop(autojump_threshold=-1)

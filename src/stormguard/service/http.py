@@ -1,0 +1,155 @@
+"""HTTP plumbing of the service: JSON errors and responses, reading bodies, parsing JSON,
+``If-Match``/``ETag``, and the wrappers that turn handlers into Starlette endpoints."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from stormguard.ruleset import RulesError
+
+__all__ = ["MAX_BODY", "ApiError", "RawEndpoint", "by_method", "etag", "handle", "header",
+           "http_error", "if_match", "json_response", "loads", "read_body", "read_json"]
+
+MAX_BODY = 64 * 1024
+_ETAG = re.compile(r'\s*"(\d{1,18})"\s*')
+JSON_TYPE = "application/json"
+
+
+class ApiError(Exception):
+    """A 4xx/5xx answer with a JSON body ``{"error": message, ...}``."""
+
+    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None,
+                 **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = dict(headers or {})
+        self.extra = extra
+
+    def body(self) -> bytes:
+        body = {"error": self.message, "status": self.status, **self.extra}
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+    def response(self) -> Response:
+        return Response(self.body(), self.status, self.headers, JSON_TYPE)
+
+
+def json_response(body: object, status: int = 200,
+                  headers: Mapping[str, str] | None = None) -> Response:
+    data = json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return Response(data.encode(), status, headers, JSON_TYPE)
+
+
+def header(scope: Mapping[str, Any], name: bytes) -> bytes | None:
+    for k, v in scope.get("headers") or ():
+        if k == name:
+            value: bytes = v
+            return value
+    return None
+
+
+async def read_body(scope: Mapping[str, Any], receive: Any) -> bytes:
+    """The request body; 413 past 64 KiB (checked on Content-Length and while reading)."""
+    length = header(scope, b"content-length")
+    if length is not None:
+        if not length.strip().isdigit():
+            raise ApiError(400, f"invalid Content-Length {length[:40]!r}")
+        if int(length) > MAX_BODY:
+            raise ApiError(413, f"body is larger than {MAX_BODY} bytes")
+    body = b""
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise ApiError(400, "client disconnected before sending the body")
+        chunk: bytes = message.get("body", b"")
+        body += chunk
+        if len(body) > MAX_BODY:
+            raise ApiError(413, f"body is larger than {MAX_BODY} bytes")
+        if not message.get("more_body", False):
+            return body
+
+
+def loads(body: bytes) -> Any:
+    """Parse JSON; 400 naming the problem when malformed."""
+    if not body.strip():
+        raise ApiError(400, "malformed JSON: the body is empty")
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise ApiError(400, f"malformed JSON: {exc}"[:300]) from None
+
+
+async def read_json(request: Request) -> Any:
+    return loads(await read_body(request.scope, request.receive))
+
+
+def if_match(request: Request) -> frozenset[int] | None:
+    """The versions an ``If-Match`` header accepts (None: no header or ``*``)."""
+    value = request.headers.get("if-match")
+    if value is None or value.strip() == "*":
+        return None
+    out = set()
+    for part in value.split(","):
+        m = _ETAG.fullmatch(part)
+        if m is not None:
+            out.add(int(m[1]))
+    return frozenset(out)
+
+
+def etag(version: int) -> dict[str, str]:
+    return {"ETag": f'"{version}"'}
+
+
+def handle(handler: Any) -> Any:
+    """A Starlette endpoint answering an :class:`ApiError` (or an invalid rule set) as
+    its JSON error."""
+    async def endpoint(request: Request) -> Response:
+        try:
+            response: Response = await handler(request)
+        except ApiError as exc:
+            return exc.response()
+        except RulesError as exc:
+            return ApiError(422, str(exc), problems=exc.to_list()).response()
+        return response
+
+    endpoint.__name__ = handler.__name__
+    return endpoint
+
+
+def by_method(**handlers: Any) -> Any:
+    """One endpoint for a path, dispatching on the method (so a 405 lists every method)."""
+    wrapped = {method: handle(h) for method, h in handlers.items()}
+    wrapped["HEAD"] = wrapped["GET"]
+
+    async def endpoint(request: Request) -> Response:
+        response: Response = await wrapped[request.method](request)
+        return response
+
+    return endpoint
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
+    headers = exc.headers if isinstance(exc, HTTPException) else None
+    return ApiError(status, f"{detail}: {request.method} {request.url.path}"[:300],
+                    headers).response()
+
+
+class RawEndpoint:
+    """A raw ASGI handler as a Starlette route endpoint (a class instance, not a function,
+    so Starlette calls it with scope/receive/send)."""
+
+    def __init__(self, handler: Any) -> None:
+        self.handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.handler(scope, receive, send)

@@ -12,7 +12,7 @@ from starlette.responses import Response
 from stormguard.errors import StorageError
 from stormguard.ruleset import RulesError, RuleSet, RuleSpec
 from stormguard.service.base import ServiceBase
-from stormguard.service.http import ApiError, etag, if_match, json_response, read_json
+from stormguard.service.http import ApiError, etag, header, if_match, json_response, read_json
 from stormguard.service.sources import VersionConflict
 
 __all__ = ["AdminEndpoints"]
@@ -25,9 +25,11 @@ class AdminEndpoints(ServiceBase):
         if self.admin_token is None:
             raise ApiError(403, "control plane disabled: start the service with "
                            "STORMGUARD_ADMIN_TOKEN set")
-        scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
-        given = credentials.strip().encode("utf-8", "surrogateescape")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given, self.admin_token):
+        # bytes to bytes: the header as sent (UTF-8 for a non-ASCII token) against the
+        # token's UTF-8 bytes, in constant time
+        scheme, _, given = (header(request.scope, b"authorization") or b"").partition(b" ")
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(),
+                                                                   self.admin_token):
             raise ApiError(401, "missing or wrong bearer token",
                            {"WWW-Authenticate": 'Bearer realm="stormguard"'})
 

@@ -22,7 +22,9 @@ class ServiceBase:
                  admin_token: str | None, metrics: Metrics) -> None:
         self.limiter = limiter
         self.source = source
-        self.admin_token = admin_token.encode() if admin_token else None
+        # the token's bytes: UTF-8 (an environment variable's undecodable bytes as they were)
+        self.admin_token = admin_token.encode("utf-8", "surrogateescape") if admin_token \
+            else None
         self.metrics = metrics
         self._started = False
 

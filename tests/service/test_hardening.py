@@ -4,13 +4,21 @@ token's bytes, the rules file's mode and temporary files."""
 
 from __future__ import annotations
 
+import codecs
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
 import httpx
 import pytest
+import redis
 
 from stormguard import AsyncRateLimiter, MemoryStore
+from stormguard.ruleset import RulesError, RuleSet, RuleSpec
 from stormguard.service import create_app
+from stormguard.service.sources import FileRules, RedisRules
 from stormguard.testing import FakeClock
-from tests.service.helpers import RULES
+from tests.service.helpers import AUTH, RULES, TOKEN
 
 
 def _client(app: object) -> httpx.AsyncClient:
@@ -42,3 +50,124 @@ async def test_token_from_environment_with_non_ascii(clock: FakeClock,
     async with _client(app) as c:
         r = await c.get("/v1/rules", headers={"Authorization": "Bearer pässwörd".encode()})
         assert r.status_code == 200
+
+
+# -- defect 3: lone UTF-16 surrogates; defect 9: bodies that are not UTF-8 JSON ----------
+
+@pytest.fixture
+async def admin(clock: FakeClock) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(AsyncRateLimiter(MemoryStore(clock=clock)), RULES, admin_token=TOKEN)
+    async with _client(app) as c:
+        yield c
+
+
+@pytest.mark.parametrize(("path", "body", "field"), [
+    ("/v1/check", b'{"\\ud800": 1}', "\\ud800"),
+    ("/v1/check", b'{"user": "\\ud800"}', "user"),
+    ("/v1/check", b'{"key": "a\\udfffb", "rule": "search"}', "key"),
+    ("/v1/check/batch", b'{"checks": [{}, {"path": "/x\\udc00"}]}', "checks[1].path"),
+    ("/v1/check/batch", b'{"checks": [{"user": "1", "x": {"\\udbff": 2}}]}',
+     "checks[0].x.\\udbff"),
+])
+async def test_lone_surrogates_are_422_naming_the_field(admin: httpx.AsyncClient, path: str,
+                                                        body: bytes, field: str) -> None:
+    r = await admin.post(path, content=body)
+    assert r.status_code == 422, r.text
+    assert r.json()["field"] == field
+    assert "surrogate" in r.json()["error"]
+    r = await admin.get("/metrics")  # nothing was checked
+    assert "stormguard_checks_total{" not in r.text
+
+
+async def test_paired_surrogates_are_text(admin: httpx.AsyncClient) -> None:
+    r = await admin.post("/v1/check", content=b'{"user": "\\ud83d\\ude00", "method": "GET",'
+                         b' "path": "/search"}')
+    assert r.status_code == 200
+    assert r.json()["rule"] == "search"
+
+
+@pytest.mark.parametrize(("method", "path", "body", "field"), [
+    ("PUT", "/v1/rules/evil", {"scope": "user", "limit": 1, "window": 1, "tier": "\ud800"},
+     "tier"),
+    ("PUT", "/v1/rules/evil", {"scope": "user", "limit": 1, "window": 1,
+                               "endpoint": "GET /\udfff"}, "endpoint"),
+    ("PUT", "/v1/rules", {"rules": [{"name": "evil", "scope": "user", "limit": 1,
+                                     "window": 1, "tier": "\ud800"}]}, "rules[0].tier"),
+])
+async def test_admin_write_with_surrogate_is_refused_and_applies_nothing(
+        admin: httpx.AsyncClient, method: str, path: str, body: object, field: str) -> None:
+    before = await admin.get("/v1/rules", headers=AUTH)
+    content = json.dumps(body).encode()  # ensure_ascii: the surrogate as a \u escape
+    r = await admin.request(method, path, content=content, headers=AUTH)
+    assert r.status_code == 422, r.text
+    assert r.json()["field"] == field
+    after = await admin.get("/v1/rules", headers=AUTH)
+    assert after.status_code == 200
+    assert after.json() == before.json()
+    assert after.headers["etag"] == before.headers["etag"]
+
+
+def test_rules_model_refuses_surrogates() -> None:
+    """The rules model itself refuses them, so no source can store a rule that could not
+    be read back: Python callers, rules files and Redis entries alike."""
+    with pytest.raises(RulesError) as info:
+        RuleSpec("a", "user", 1, 1, tier="\ud800")
+    assert info.value.problems[0].field == "tier"
+    with pytest.raises(RulesError) as info:
+        RuleSet.loads('- {name: a, scope: user, endpoint: "GET /\\uDFFF", limit: 1, window: 1}')
+    assert info.value.problems[0].field == "endpoint"
+    assert "surrogate" in str(info.value)
+    with pytest.raises(RulesError) as info:
+        RuleSet.from_data([{"name": "a", "scope": "user", "limit": 1, "window": 1,
+                            "\udc80": 1}])
+    assert info.value.problems[0].field == "\\udc80"
+    str(info.value).encode()  # the message itself is text
+
+
+async def test_file_source_refuses_a_surrogate_rule(tmp_path: Path, clock: FakeClock) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text('- {name: a, scope: user, tier: "\\uD800", limit: 1, window: 1}\n')
+    with pytest.raises(RulesError):
+        FileRules(path)
+    path.write_text("- {name: a, scope: user, limit: 1, window: 1}\n")
+    app = create_app(AsyncRateLimiter(MemoryStore(clock=clock)), rules_path=path,
+                     admin_token=TOKEN)
+    text = path.read_text()
+    async with _client(app) as c:
+        r = await c.put("/v1/rules/a", headers=AUTH, content=b'{"scope": "user", "limit": 1, '
+                        b'"window": 1, "tier": "\\ud800"}')
+        assert r.status_code == 422
+    assert path.read_text() == text
+
+
+async def test_redis_source_refuses_a_surrogate_rule(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    doc = json.dumps([{"name": "a", "scope": "user", "limit": 1, "window": 1,
+                       "tier": "\ud800"}])
+    client.hset("stormguard:rules", mapping={"version": 3, "doc": doc})
+    source = RedisRules(redis_url, poll_interval=0)
+    try:
+        assert await source.refresh() is False  # refused, the previous (empty) rules stay
+        assert len(source.current) == 0
+        assert source.reload_errors == 1
+    finally:
+        await source.stop()
+        client.close()
+
+
+@pytest.mark.parametrize("body", [
+    codecs.BOM_UTF8 + b'{"user": "1"}',
+    '{"user": "1"}'.encode("utf-16"),        # with its BOM
+    '{"user": "1"}'.encode("utf-16-le"),     # without
+    '{"user": "1"}'.encode("utf-32"),
+    '{"user": "\u00e9"}'.encode("latin-1"),
+    b'{"user": "\xed\xa0\x80"}',            # a surrogate encoded as if it were UTF-8
+], ids=["utf8-bom", "utf16-bom", "utf16le", "utf32", "latin1", "utf8-surrogate"])
+async def test_bodies_that_are_not_utf8_json_are_400(admin: httpx.AsyncClient,
+                                                     body: bytes) -> None:
+    for path in ("/v1/check", "/v1/check/batch"):
+        r = await admin.post(path, content=body)
+        assert r.status_code == 400, (path, r.text)
+        assert r.json()["error"].startswith("malformed JSON")
+    r = await admin.put("/v1/rules", content=body, headers=AUTH)
+    assert r.status_code == 400

@@ -36,7 +36,9 @@ class ApiError(Exception):
 
     def body(self) -> bytes:
         body = {"error": self.message, "status": self.status, **self.extra}
-        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+        # backslashreplace: whatever a message quotes, the answer is valid JSON
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode(
+            "utf-8", "backslashreplace")
 
     def response(self) -> Response:
         return Response(self.body(), self.status, self.headers, JSON_TYPE)
@@ -45,7 +47,7 @@ class ApiError(Exception):
 def json_response(body: object, status: int = 200,
                   headers: Mapping[str, str] | None = None) -> Response:
     data = json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    return Response(data.encode(), status, headers, JSON_TYPE)
+    return Response(data.encode("utf-8", "backslashreplace"), status, headers, JSON_TYPE)
 
 
 def header(scope: Mapping[str, Any], name: bytes) -> bytes | None:
@@ -78,13 +80,53 @@ async def read_body(scope: Mapping[str, Any], receive: Any) -> bytes:
 
 
 def loads(body: bytes) -> Any:
-    """Parse JSON; 400 naming the problem when malformed."""
+    """Parse a JSON body: UTF-8 without a byte-order mark (RFC 8259 section 8.1), else
+    400; a string holding a lone UTF-16 surrogate (``"\\ud800"``: valid JSON syntax,
+    but no Unicode text, so it could never be encoded into an answer, a rules file or
+    Redis) is a 422 naming the field."""
     if not body.strip():
         raise ApiError(400, "malformed JSON: the body is empty")
     try:
-        return json.loads(body)
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, f"malformed JSON: the body is not UTF-8 (byte {exc.start}); "
+                       "JSON bodies must be UTF-8 (RFC 8259)") from None
+    if text.startswith("\ufeff"):
+        raise ApiError(400, "malformed JSON: the body starts with a byte-order mark; "
+                       "send UTF-8 without one (RFC 8259)")
+    try:
+        doc = json.loads(text)
     except (ValueError, RecursionError) as exc:
         raise ApiError(400, f"malformed JSON: {exc}"[:300]) from None
+    if "\\u" in text:  # the only way to a lone surrogate: a \uD800-\uDFFF escape
+        where = _surrogate(doc, "")
+        if where is not None:
+            raise ApiError(422, f"{where or 'body'}: a lone UTF-16 surrogate is not Unicode "
+                           "text (pair it, or send the character itself)", field=where)
+    return doc
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _surrogate(doc: Any, where: str) -> str | None:
+    """The path (``checks[2].user``) of the first string in ``doc`` (key or value) that
+    holds a lone surrogate; a bad key is named by its escaped form."""
+    stack = [(doc, where)]
+    while stack:
+        obj, path = stack.pop()
+        if isinstance(obj, str):
+            if _SURROGATE.search(obj):
+                return path
+        elif isinstance(obj, dict):
+            prefix = f"{path}." if path else ""
+            for k, v in reversed(obj.items()):
+                if _SURROGATE.search(k):
+                    return prefix + json.dumps(k)[1:-1]
+                stack.append((v, prefix + k))
+        elif isinstance(obj, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(obj))))
+    return None
 
 
 async def read_json(request: Request) -> Any:

@@ -116,6 +116,7 @@ def _serve(args: argparse.Namespace) -> int:
     from stormguard.limiter import AsyncRateLimiter
     from stormguard.ruleset import RulesError
     from stormguard.service import create_app
+    from stormguard.service.http import MAX_HEAD
 
     try:
         rules = _load_rules(args.rules)
@@ -132,9 +133,14 @@ def _serve(args: argparse.Namespace) -> int:
         app = create_app(limiter, rules_path=args.rules)
     else:
         app = create_app(limiter, rules)
+    # h11, not httptools: h11 bounds the request line + headers (MAX_HEAD bytes, then 400
+    # and close; httptools reads headers of any size), and parses a pipelined request only
+    # after the one before it was answered (httptools parses ahead: junk after a request
+    # closed the connection before that request, already charged, was answered)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             lifespan="on", timeout_graceful_shutdown=10,
-                            server_header=False)
+                            server_header=False, http="h11",
+                            h11_max_incomplete_event_size=MAX_HEAD)
     server = uvicorn.Server(config)
     stopped_by: list[int] = []
     # uvicorn handles SIGTERM/SIGINT itself (stop accepting, finish in-flight requests,

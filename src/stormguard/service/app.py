@@ -22,7 +22,15 @@ from stormguard.limiter import AsyncRateLimiter, RateLimiter
 from stormguard.ruleset import RuleSet, RuleSpec
 from stormguard.service.admin import AdminEndpoints
 from stormguard.service.check import MAX_BATCH, CheckEndpoints
-from stormguard.service.http import MAX_BODY, ApiError, RawEndpoint, by_method, handle, http_error
+from stormguard.service.http import (
+    MAX_BODY,
+    MAX_HEADERS,
+    ApiError,
+    RawEndpoint,
+    by_method,
+    handle,
+    http_error,
+)
 from stormguard.service.metrics import Metrics
 from stormguard.service.ops import OpsEndpoints
 from stormguard.service.sources import FileRules, MemoryRules, RedisRules, RulesSource
@@ -113,8 +121,19 @@ class ServiceApp:
         self.state = starlette.state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == "/v1/check" \
-                and scope["method"] == "POST":
-            await self.service.check(scope, receive, send)
-        else:
-            await self.starlette(scope, receive, send)
+        if scope["type"] == "http":
+            if len(scope["headers"]) > MAX_HEADERS:
+                await _too_many_headers(send)
+                return
+            if scope["path"] == "/v1/check" and scope["method"] == "POST":
+                await self.service.check(scope, receive, send)
+                return
+        await self.starlette(scope, receive, send)
+
+
+async def _too_many_headers(send: Send) -> None:
+    body = ApiError(431, f"more than {MAX_HEADERS} header fields").body()
+    await send({"type": "http.response.start", "status": 431, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})

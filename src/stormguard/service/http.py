@@ -15,10 +15,16 @@ from starlette.types import Receive, Scope, Send
 
 from stormguard.ruleset import RulesError
 
-__all__ = ["MAX_BODY", "ApiError", "RawEndpoint", "by_method", "etag", "handle", "header",
-           "http_error", "if_match", "json_response", "loads", "read_body", "read_json"]
+__all__ = ["MAX_BODY", "MAX_HEAD", "MAX_HEADERS", "ApiError", "RawEndpoint", "by_method",
+           "etag", "handle", "header", "http_error", "if_match", "json_response", "loads",
+           "read_body", "read_json"]
 
 MAX_BODY = 64 * 1024
+MAX_HEAD = 16 * 1024
+"""Bytes of a request's line and headers that ``stormguard serve`` reads (uvicorn's h11
+``h11_max_incomplete_event_size``); past it the connection gets 400 and is closed."""
+MAX_HEADERS = 100
+"""Header fields of one request (Apache's ``LimitRequestFields``); past it, 431."""
 _ETAG = re.compile(r'\s*"(\d{1,18})"\s*')
 JSON_TYPE = "application/json"
 

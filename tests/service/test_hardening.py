@@ -4,8 +4,10 @@ token's bytes, the rules file's mode and temporary files."""
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,8 +16,10 @@ import pytest
 import redis
 
 from stormguard import AsyncRateLimiter, MemoryStore
-from stormguard.ruleset import RulesError, RuleSet, RuleSpec
+from stormguard.ruleset import MAX_RULES, RulesError, RuleSet, RuleSpec
 from stormguard.service import create_app
+from stormguard.service.check import MAX_EVALUATIONS, MAX_MATCHES
+from stormguard.service.http import MAX_BODY, MAX_RULES_BODY
 from stormguard.service.sources import FileRules, RedisRules
 from stormguard.testing import FakeClock
 from tests.service.helpers import AUTH, RULES, TOKEN
@@ -171,3 +175,148 @@ async def test_bodies_that_are_not_utf8_json_are_400(admin: httpx.AsyncClient,
         assert r.json()["error"].startswith("malformed JSON")
     r = await admin.put("/v1/rules", content=body, headers=AUTH)
     assert r.status_code == 400
+
+
+# -- defect 5: the work of one request, and MAX_RULES against the body limit ------------
+
+def _global_rules(n: int) -> list[dict[str, object]]:
+    return [{"name": f"g{i}", "scope": "global", "limit": 10**6, "window": 60}
+            for i in range(n)]
+
+
+async def test_batch_past_the_evaluation_bound_is_422_and_consumes_nothing(
+        clock: FakeClock) -> None:
+    """The issue's case: 1,051 global rules, one 3 KB batch of 1,000 ``{}`` (3 s of
+    blocked loop before the fix)."""
+    app = create_app(AsyncRateLimiter(MemoryStore(clock=clock)), _global_rules(1051),
+                     admin_token=None)
+    async with _client(app) as c:
+        r = await c.post("/v1/check/batch", json={"checks": [{}] * 1000})
+        assert r.status_code == 422
+        assert r.json()["field"] == "checks"
+        assert "1051000 rule evaluations" in r.json()["error"]
+        assert f"at most {MAX_EVALUATIONS // 1051} checks" in r.json()["error"]
+        r = await c.post("/v1/check/batch", json={"checks": [{}] * (MAX_EVALUATIONS // 1051)})
+        assert r.status_code == 422  # 475 x 1051 pairs: past the match bound instead
+        r = await c.post("/v1/check", json={"key": "global", "rule": "g0"})
+        assert r.json()["remaining"] == 10**6 - 1  # nothing was consumed
+
+
+async def test_batch_past_the_match_bound_is_422_and_consumes_nothing(
+        clock: FakeClock) -> None:
+    app = create_app(AsyncRateLimiter(MemoryStore(clock=clock)), _global_rules(20),
+                     admin_token=None)
+    async with _client(app) as c:
+        n = MAX_MATCHES // 20
+        r = await c.post("/v1/check/batch", json={"checks": [{}] * (n + 1)})
+        assert r.status_code == 422
+        assert f"more than {MAX_MATCHES} (check, rule) pairs (at checks[{n}])" \
+            in r.json()["error"]
+        r = await c.post("/v1/check", json={"key": "global", "rule": "g7"})
+        assert r.json()["remaining"] == 10**6 - 1
+        r = await c.post("/v1/check/batch", json={"checks": [{}] * n})  # at the bound
+        assert r.status_code == 200
+        assert r.json()["results"][-1]["remaining"] == 10**6 - 1 - n
+
+
+async def test_a_large_batch_yields_to_the_event_loop(clock: FakeClock) -> None:
+    """The memory store never suspends: without explicit yields a batch holds the loop
+    from its first check to its last. Call the ASGI app directly (no transport that
+    could suspend) and count the turns another task gets meanwhile."""
+    app = create_app(AsyncRateLimiter(MemoryStore(clock=clock)), _global_rules(10),
+                     admin_token=None)
+    body = json.dumps({"checks": [{}] * 1000}).encode()
+    sent: list[dict[str, object]] = []
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    turns = 0
+    done = False
+
+    async def other_request() -> None:
+        nonlocal turns
+        while not done:
+            turns += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(other_request())
+    scope = {"type": "http", "method": "POST", "path": "/v1/check/batch", "headers": [],
+             "query_string": b"", "root_path": "", "scheme": "http",
+             "server": ("sg", 80), "client": ("127.0.0.1", 1), "http_version": "1.1",
+             "asgi": {"version": "3.0"}}
+    await app(scope, receive, send)  # type: ignore[arg-type]
+    done = True
+    await task
+    assert sent[0]["status"] == 200
+    # 1,000 checks x 10 rules: 10,000 evaluations + 10,000 matched pairs (x20) of work
+    assert turns >= (10_000 + 20 * 10_000) // 20_000
+
+
+async def test_max_rules_fit_in_an_admin_write(clock: FakeClock) -> None:
+    app = create_app(AsyncRateLimiter(MemoryStore(clock=clock)), [], admin_token=TOKEN)
+    rules = [{"name": f"r{i:05d}", "scope": "global", "endpoint": "GET /api/*",
+              "tier": "free", "limit": 1000, "window": 60, "algorithm": "token_bucket",
+              "burst": 2000, "shadow": False} for i in range(MAX_RULES)]
+    async with _client(app) as c:
+        content = json.dumps({"rules": rules}).encode()
+        assert MAX_BODY < len(content) < MAX_RULES_BODY
+        r = await c.put("/v1/rules", content=content, headers=AUTH)
+        assert r.status_code == 200, r.text[:300]
+        r = await c.get("/v1/rules", headers=AUTH)
+        assert len(r.json()["rules"]) == MAX_RULES
+        # what GET answers can be PUT back as it is
+        r = await c.put("/v1/rules", content=r.content, headers=AUTH)
+        assert r.status_code == 200
+        # a single check that matches every rule is always answered
+        r = await c.post("/v1/check", json={"method": "GET", "path": "/api/items/7",
+                                            "tier": "free"})
+        assert r.status_code == 200
+        assert len(r.json()["rules"]) == MAX_RULES
+        more = json.dumps({"rules": [*rules, {**rules[0], "name": "one-more"}]}).encode()
+        r = await c.put("/v1/rules", content=more, headers=AUTH)
+        assert r.status_code == 422
+        assert f"at most {MAX_RULES} rules" in r.text
+        huge = b'{"rules": [' + b" " * MAX_RULES_BODY + b"]}"
+        assert (await c.put("/v1/rules", content=huge, headers=AUTH)).status_code == 413
+        assert (await c.put("/v1/rules", content=huge)).status_code == 401  # token first
+        # everything else keeps the 64 KiB limit
+        big_check = b'{"user": "' + b"u" * MAX_BODY + b'"}'
+        assert (await c.post("/v1/check", content=big_check)).status_code == 413
+        r = await c.put("/v1/rules/x", content=big_check, headers=AUTH)
+        assert r.status_code == 413
+
+
+async def test_a_large_admin_write_does_not_stall_the_checks(tmp_path: Path,
+                                                             clock: FakeClock) -> None:
+    """Validating and writing thousands of rules takes seconds of CPU (YAML): it runs in
+    a thread, so the loop keeps answering. Measures the longest gap between two turns of
+    another task with perf_counter (no sleeping)."""
+    path = tmp_path / "rules.yaml"
+    app = create_app(AsyncRateLimiter(MemoryStore(clock=clock)), [], rules_path=path,
+                     admin_token=TOKEN, poll_interval=0)
+    rules = [{"name": f"r{i}", "scope": "user", "endpoint": f"GET /p/{i}*", "limit": 5,
+              "window": 60} for i in range(3000)]
+    gaps = [0.0]
+    done = False
+
+    async def other_request() -> None:
+        last = time.perf_counter()
+        while not done:
+            await asyncio.sleep(0)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    async with _client(app) as c:
+        task = asyncio.create_task(other_request())
+        await asyncio.sleep(0)  # its first turn, before the write starts
+        r = await c.put("/v1/rules", json={"rules": rules}, headers=AUTH)
+        done = True
+        await task
+    assert r.status_code == 200
+    assert len(RuleSet.load(path)) == 3000
+    assert max(gaps) < 0.5, max(gaps)

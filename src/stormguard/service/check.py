@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import time
@@ -17,10 +18,20 @@ from stormguard.service.base import ServiceBase
 from stormguard.service.http import ApiError, json_response, loads, read_body, read_json
 from stormguard.stores.base import check_cost
 
-__all__ = ["MAX_BATCH", "MAX_KEY", "CheckEndpoints", "parse_check", "result_json"]
+__all__ = ["MAX_BATCH", "MAX_EVALUATIONS", "MAX_KEY", "MAX_MATCHES", "CheckEndpoints",
+           "parse_check", "plan_check", "result_json"]
 
 MAX_BATCH = 1000
 MAX_KEY = 4096
+MAX_EVALUATIONS = 500_000
+"""Rule evaluations one request may cost: checks x rules in the set (matching a check
+looks at every rule). 1,000 checks against 500 rules; a single check always fits."""
+MAX_MATCHES = 10_000
+"""Matched (check, rule) pairs one request may cost (each is store work). A single check
+always fits: a rule set holds at most ``MAX_RULES`` (10,000) rules."""
+_YIELD_EVERY = 20_000
+"""Rule evaluations (a matched pair counts 20) between two yields to the event loop in a
+batch: about 5-10 ms of work in pure Python."""
 _ATTRS = ("user", "api_key", "ip", "method", "path", "tier")
 _CHECK_FIELDS = frozenset(("key", "rule", "cost", *_ATTRS))
 
@@ -163,9 +174,34 @@ class CheckEndpoints(ServiceBase):
         if len(items) > MAX_BATCH:
             raise ApiError(422, f"checks: at most {MAX_BATCH} checks per batch", field="checks")
         rules = self.source.current
+        evaluations = len(items) * len(rules)
+        if evaluations > MAX_EVALUATIONS:
+            most = max(1, MAX_EVALUATIONS // max(1, len(rules)))
+            raise ApiError(422, f"checks: {len(items)} checks x {len(rules)} rules = "
+                           f"{evaluations} rule evaluations, more than the {MAX_EVALUATIONS} "
+                           f"one request may cost: send at most {most} checks per batch",
+                           field="checks")
+        # plan everything before any store call: a refused batch consumes nothing
         plans = []
+        matches = work = 0
         for i, item in enumerate(items):
             c = parse_check(item, rules, f"checks[{i}].")
-            plans.append((plan_check(c, rules, f"checks[{i}]."), c.cost))
-        results = [(await self._run(plan, cost)).to_dict() for plan, cost in plans]
+            plan = plan_check(c, rules, f"checks[{i}].")
+            matches += len(plan)
+            if matches > MAX_MATCHES:
+                raise ApiError(422, f"checks: the batch matches more than {MAX_MATCHES} "
+                               f"(check, rule) pairs (at checks[{i}]), more than one request "
+                               "may cost: send smaller batches", field="checks")
+            plans.append((plan, c.cost))
+            work += len(rules)
+            if work >= _YIELD_EVERY:
+                work = 0
+                await asyncio.sleep(0)  # let other requests in between
+        results = []
+        for plan, cost in plans:
+            results.append((await self._run(plan, cost)).to_dict())
+            work += 20 * len(plan)
+            if work >= _YIELD_EVERY:
+                work = 0
+                await asyncio.sleep(0)
         return json_response({"results": results})

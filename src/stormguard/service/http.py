@@ -15,11 +15,14 @@ from starlette.types import Receive, Scope, Send
 
 from stormguard.ruleset import RulesError
 
-__all__ = ["MAX_BODY", "MAX_HEAD", "MAX_HEADERS", "ApiError", "RawEndpoint", "by_method",
-           "etag", "handle", "header", "http_error", "if_match", "json_response", "loads",
-           "read_body", "read_json"]
+__all__ = ["MAX_BODY", "MAX_HEAD", "MAX_HEADERS", "MAX_RULES_BODY", "ApiError", "RawEndpoint",
+           "by_method", "etag", "handle", "header", "http_error", "if_match", "json_response",
+           "loads", "read_body", "read_json"]
 
 MAX_BODY = 64 * 1024
+MAX_RULES_BODY = 4 * 1024 * 1024
+"""The body of ``PUT /v1/rules`` (read only after the token was checked): room for a rule
+set of ``MAX_RULES`` (10,000) rules of up to about 400 bytes each."""
 MAX_HEAD = 16 * 1024
 """Bytes of a request's line and headers that ``stormguard serve`` reads (uvicorn's h11
 ``h11_max_incomplete_event_size``); past it the connection gets 400 and is closed."""
@@ -64,25 +67,28 @@ def header(scope: Mapping[str, Any], name: bytes) -> bytes | None:
     return None
 
 
-async def read_body(scope: Mapping[str, Any], receive: Any) -> bytes:
-    """The request body; 413 past 64 KiB (checked on Content-Length and while reading)."""
+async def read_body(scope: Mapping[str, Any], receive: Any, limit: int = MAX_BODY) -> bytes:
+    """The request body; 413 past ``limit`` (64 KiB; checked on Content-Length and while
+    reading)."""
     length = header(scope, b"content-length")
     if length is not None:
         if not length.strip().isdigit():
             raise ApiError(400, f"invalid Content-Length {length[:40]!r}")
-        if int(length) > MAX_BODY:
-            raise ApiError(413, f"body is larger than {MAX_BODY} bytes")
-    body = b""
+        if int(length) > limit:
+            raise ApiError(413, f"body is larger than {limit} bytes")
+    chunks = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] != "http.request":
             raise ApiError(400, "client disconnected before sending the body")
         chunk: bytes = message.get("body", b"")
-        body += chunk
-        if len(body) > MAX_BODY:
-            raise ApiError(413, f"body is larger than {MAX_BODY} bytes")
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"body is larger than {limit} bytes")
         if not message.get("more_body", False):
-            return body
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def loads(body: bytes) -> Any:
@@ -135,8 +141,8 @@ def _surrogate(doc: Any, where: str) -> str | None:
     return None
 
 
-async def read_json(request: Request) -> Any:
-    return loads(await read_body(request.scope, request.receive))
+async def read_json(request: Request, limit: int = MAX_BODY) -> Any:
+    return loads(await read_body(request.scope, request.receive, limit))
 
 
 def if_match(request: Request) -> frozenset[int] | None:

@@ -7,6 +7,10 @@ from __future__ import annotations
 import asyncio
 import codecs
 import json
+import os
+import stat
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -320,3 +324,106 @@ async def test_a_large_admin_write_does_not_stall_the_checks(tmp_path: Path,
     assert r.status_code == 200
     assert len(RuleSet.load(path)) == 3000
     assert max(gaps) < 0.5, max(gaps)
+
+
+# -- defect 8: the rules file keeps its mode and owner; no temporary files left ----------
+
+def _tmp_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob(".rules-*.tmp"))
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604], ids=oct)
+async def test_control_plane_write_keeps_the_file_mode(tmp_path: Path, clock: FakeClock,
+                                                       mode: int) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text("- {name: a, scope: user, limit: 1, window: 1}\n")
+    path.chmod(mode)
+    app = create_app(AsyncRateLimiter(MemoryStore(clock=clock)), rules_path=path,
+                     admin_token=TOKEN, poll_interval=0)
+    async with _client(app) as c:
+        r = await c.put("/v1/rules/b", headers=AUTH,
+                        json={"scope": "ip", "limit": 2, "window": 1})
+        assert r.status_code == 201
+    assert "b" in RuleSet.load(path)
+    assert stat.S_IMODE(path.stat().st_mode) == mode
+    assert _tmp_files(tmp_path) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file to another user")
+async def test_control_plane_write_keeps_the_file_owner(tmp_path: Path,
+                                                        clock: FakeClock) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text("- {name: a, scope: user, limit: 1, window: 1}\n")
+    os.chown(path, 4321, 4322)
+    app = create_app(AsyncRateLimiter(MemoryStore(clock=clock)), rules_path=path,
+                     admin_token=TOKEN, poll_interval=0)
+    async with _client(app) as c:
+        r = await c.delete("/v1/rules/a", headers=AUTH)
+        assert r.status_code == 200
+    assert (path.stat().st_uid, path.stat().st_gid) == (4321, 4322)
+
+
+_WRITER = """
+import os, sys
+from stormguard.service.sources import write_atomic
+
+def stop(fd):  # stands in for the fsync: say where we are, then wait to be killed
+    print("mid-write", flush=True)
+    sys.stdin.read()
+
+os.fsync = stop
+write_atomic(sys.argv[1], "- {name: new, scope: ip, limit: 1, window: 1}\\n" * 2000)
+"""
+
+
+def _writer_mid_write(path: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], env=env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "mid-write\n"
+    return proc
+
+
+def test_a_writer_killed_mid_write_leaves_a_temp_file_that_start_up_removes(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A real SIGKILL of a process inside write_atomic; a second writer, alive and in
+    the middle of its write, keeps its temporary file."""
+    path = tmp_path / "rules.yaml"
+    original = "- {name: a, scope: user, limit: 1, window: 1}\n"
+    path.write_text(original)
+    killed = _writer_mid_write(path)
+    killed.kill()  # SIGKILL: no cleanup of any kind runs
+    killed.communicate()
+    [left] = _tmp_files(tmp_path)
+    assert left.stat().st_size > 0
+    alive = _writer_mid_write(path)
+    try:
+        assert len(_tmp_files(tmp_path)) == 2
+        source = FileRules(path)  # start-up
+        assert left not in _tmp_files(tmp_path)
+        assert len(_tmp_files(tmp_path)) == 1  # the live writer's
+        assert [r.name for r in source.current] == ["a"]
+        assert path.read_text() == original
+        assert f"removed {left}" in caplog.text
+    finally:
+        alive.kill()
+        alive.communicate()
+    FileRules(path)
+    assert _tmp_files(tmp_path) == []
+
+
+def test_an_abandoned_empty_temp_file_is_removed_a_fresh_one_kept(tmp_path: Path) -> None:
+    """Killed between creating its temporary file and locking it, a writer leaves an empty
+    file; start-up removes it once it is a minute old."""
+    path = tmp_path / "rules.yaml"
+    path.write_text("- {name: a, scope: user, limit: 1, window: 1}\n")
+    old, fresh = tmp_path / ".rules-old.tmp", tmp_path / ".rules-fresh.tmp"
+    old.touch()
+    fresh.touch()
+    an_hour_ago = time.time() - 3600
+    os.utime(old, (an_hour_ago, an_hour_ago))
+    (tmp_path / "other.tmp").touch()  # not ours
+    FileRules(path)
+    assert _tmp_files(tmp_path) == [fresh]
+    assert (tmp_path / "other.tmp").exists()

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from stormguard.cli import _parser, main
 from tests.redis_servers import free_port
 from tests.service.helpers import wait_healthy
 
@@ -169,3 +170,10 @@ def test_non_ascii_admin_token_over_http(serve: Serve) -> None:
     wrong = httpx.get(f"{serve.base}/v1/rules", timeout=5,
                       headers={"Authorization": b"Bearer " + TOKEN.encode("latin-1")})
     assert wrong.status_code == 401
+
+
+def test_http_parser_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _parser().parse_args(["serve"]).http == "h11"  # the bounded one by default
+    monkeypatch.setenv("STORMGUARD_HTTP", "httptools")
+    assert _parser().parse_args(["serve"]).http == "httptools"
+    assert main(["serve", "--http", "picohttp"]) == 2

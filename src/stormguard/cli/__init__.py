@@ -70,6 +70,11 @@ def _parser() -> argparse.ArgumentParser:
                        default=_env("STORMGUARD_ON_ERROR", "allow"),
                        help="what a check gets when the store fails (default allow) "
                        "[env STORMGUARD_ON_ERROR]")
+    serve.add_argument("--http", choices=("h11", "httptools"),
+                       default=_env("STORMGUARD_HTTP", "h11"),
+                       help="HTTP parser: h11 (default) bounds the request line + headers "
+                       "to 16 KiB; httptools is about 2-3x faster but reads headers of any "
+                       "size: only behind a proxy that bounds them [env STORMGUARD_HTTP]")
     serve.add_argument("--log-level", default=_env("STORMGUARD_LOG_LEVEL", "info"),
                        choices=("critical", "error", "warning", "info", "debug"),
                        help="[env STORMGUARD_LOG_LEVEL]")
@@ -133,13 +138,13 @@ def _serve(args: argparse.Namespace) -> int:
         app = create_app(limiter, rules_path=args.rules)
     else:
         app = create_app(limiter, rules)
-    # h11, not httptools: h11 bounds the request line + headers (MAX_HEAD bytes, then 400
-    # and close; httptools reads headers of any size), and parses a pipelined request only
+    # h11 by default: it bounds the request line + headers (MAX_HEAD bytes, then 400 and
+    # close; httptools reads headers of any size), and parses a pipelined request only
     # after the one before it was answered (httptools parses ahead: junk after a request
     # closed the connection before that request, already charged, was answered)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             lifespan="on", timeout_graceful_shutdown=10,
-                            server_header=False, http="h11",
+                            server_header=False, http=args.http,
                             h11_max_incomplete_event_size=MAX_HEAD)
     server = uvicorn.Server(config)
     stopped_by: list[int] = []

@@ -1,6 +1,6 @@
 """Rate-limit middleware: pure ASGI (FastAPI, Starlette, ...) and WSGI (Flask, Django, ...).
 
-Both take a limiter and rules (a list, a :class:`~stormguard.ruleset.RuleSet` or a rules
+Both take a limiter and rules (a list, a :class:`~stormguard.ratelimit.rules.RuleSet` or a rules
 file path), build the request attributes (user id from a callable, API key from a header,
 the client IP, method, path, tier), check every matching rule in one go and answer a
 denied request with ``429``, a JSON body, ``Retry-After`` and the rate-limit headers.

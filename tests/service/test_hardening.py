@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from stormguard import AsyncRateLimiter, MemoryStore
-from stormguard.ruleset import MAX_RULES, RulesError, RuleSet, RuleSpec
+from stormguard.ratelimit.rules import MAX_RULES, RulesError, RuleSet, RuleSpec
 from stormguard.service import create_app
 from stormguard.service.check import MAX_EVALUATIONS, MAX_MATCHES
 from stormguard.service.http import MAX_BODY, MAX_RULES_BODY

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from importlib import resources
 from typing import Any, NoReturn
 
-from stormguard.errors import ConfigError, StorageError
+from stormguard._core.errors import ConfigError, StorageError
 
 __all__ = ["main"]
 
@@ -101,7 +101,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _load_rules(path: str | None) -> Any:
-    from stormguard.ruleset import RuleSet
+    from stormguard.ratelimit.rules import RuleSet
 
     if path is None:
         text = resources.files("stormguard.service").joinpath("default_rules.yaml").read_text(
@@ -118,8 +118,8 @@ def _fail(message: str, code: int = EXIT_USAGE) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from stormguard.limiter import AsyncRateLimiter
-    from stormguard.ruleset import RulesError
+    from stormguard.ratelimit.limiter import AsyncRateLimiter
+    from stormguard.ratelimit.rules import RulesError
     from stormguard.service import create_app
     from stormguard.service.http import MAX_HEAD
 
@@ -161,8 +161,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from stormguard.rules import Rule
-    from stormguard.ruleset import RulesError
+    from stormguard.ratelimit.rule import Rule
+    from stormguard.ratelimit.rules import RulesError
     from stormguard.stores import from_url
 
     try:
@@ -205,7 +205,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from stormguard.ruleset import RulesError, RuleSet
+    from stormguard.ratelimit.rules import RulesError, RuleSet
 
     try:
         rules = RuleSet.load(args.file)

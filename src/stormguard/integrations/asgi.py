@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
-from stormguard.errors import ConfigError
+from stormguard._core.errors import ConfigError
 from stormguard.integrations.headers import MiddlewareBase, RulesArg, denied_body, log_refused
-from stormguard.limiter import AsyncRateLimiter, RateLimiter
-from stormguard.ruleset import RequestAttrs, acheck_plan
+from stormguard.ratelimit.limiter import AsyncRateLimiter, RateLimiter
+from stormguard.ratelimit.rules import RequestAttrs, acheck_plan
 
 __all__ = ["RateLimitMiddleware", "Scope"]
 

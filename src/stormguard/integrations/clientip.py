@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable
 
-from stormguard.errors import ConfigError
+from stormguard._core.errors import ConfigError
 
 __all__ = ["ClientIP"]
 

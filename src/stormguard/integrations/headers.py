@@ -9,9 +9,9 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from stormguard.errors import ConfigError
+from stormguard._core.errors import ConfigError
 from stormguard.integrations.clientip import ClientIP
-from stormguard.ruleset import CheckResult, RuleSet, RuleSpec
+from stormguard.ratelimit.rules import CheckResult, RuleSet, RuleSpec
 
 __all__ = ["MiddlewareBase", "RulesArg", "denied_body", "log_refused"]
 

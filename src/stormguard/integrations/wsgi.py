@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from stormguard.errors import ConfigError
+from stormguard._core.errors import ConfigError
 from stormguard.integrations.headers import MiddlewareBase, RulesArg, denied_body, log_refused
-from stormguard.limiter import RateLimiter
-from stormguard.ruleset import RequestAttrs
+from stormguard.ratelimit.limiter import RateLimiter
+from stormguard.ratelimit.rules import RequestAttrs
 
 __all__ = ["WSGIRateLimitMiddleware"]
 

@@ -10,8 +10,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from stormguard.errors import StorageError
-from stormguard.ruleset import RulesError, RuleSet, RuleSpec
+from stormguard._core.errors import StorageError
+from stormguard.ratelimit.rules import RulesError, RuleSet, RuleSpec
 from stormguard.service.base import ServiceBase
 from stormguard.service.http import (
     MAX_RULES_BODY,

@@ -1,6 +1,6 @@
 """The rate-limit service: a Starlette app answering "may this request pass?".
 
-Only translation lives here (HTTP <-> :mod:`stormguard.ruleset`); the decisions are
+Only translation lives here (HTTP <-> :mod:`stormguard.ratelimit.rules`); the decisions are
 the limiter's. This module wires the pieces: :mod:`.http` (bodies, JSON, errors),
 :mod:`.check` (the check API), :mod:`.admin` (the control plane), :mod:`.ops`
 (health, readiness, metrics) and :mod:`.sources` (where the rules live).
@@ -17,9 +17,9 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from stormguard.errors import ConfigError
-from stormguard.limiter import AsyncRateLimiter, RateLimiter
-from stormguard.ruleset import RuleSet, RuleSpec
+from stormguard._core.errors import ConfigError
+from stormguard.ratelimit.limiter import AsyncRateLimiter, RateLimiter
+from stormguard.ratelimit.rules import RuleSet, RuleSpec
 from stormguard.service.admin import AdminEndpoints
 from stormguard.service.check import MAX_BATCH, CheckEndpoints
 from stormguard.service.http import (

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
 
-from stormguard.limiter import AsyncRateLimiter, RateLimiter
+from stormguard.ratelimit.limiter import AsyncRateLimiter, RateLimiter
 from stormguard.service.metrics import Metrics
 from stormguard.service.sources import RulesSource
 

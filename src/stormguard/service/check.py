@@ -12,8 +12,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from stormguard.errors import ConfigError
-from stormguard.ruleset import CheckResult, Plan, RequestAttrs, RuleSet, RuleSpec, acheck_plan
+from stormguard._core.errors import ConfigError
+from stormguard.ratelimit.rules import (
+    CheckResult,
+    Plan,
+    RequestAttrs,
+    RuleSet,
+    RuleSpec,
+    acheck_plan,
+)
 from stormguard.service.base import ServiceBase
 from stormguard.service.http import ApiError, json_response, loads, read_body, read_json
 from stormguard.stores.base import check_cost

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from stormguard.ruleset import RulesError
+from stormguard.ratelimit.rules import RulesError
 
 __all__ = ["MAX_BODY", "MAX_HEAD", "MAX_HEADERS", "MAX_RULES_BODY", "ApiError", "RawEndpoint",
            "by_method", "etag", "handle", "header", "http_error", "if_match", "json_response",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from stormguard.ruleset import SCOPES
+from stormguard.ratelimit.rules import SCOPES
 
 __all__ = ["openapi_document"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from stormguard.limiter import AsyncRateLimiter
+from stormguard.ratelimit.limiter import AsyncRateLimiter
 from stormguard.service.base import ServiceBase
 from stormguard.service.http import json_response
 from stormguard.service.metrics import CONTENT_TYPE_LATEST

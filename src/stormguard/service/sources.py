@@ -1,6 +1,6 @@
 """Where the service's rules live: in memory, in a rules file, or in Redis.
 
-Every source holds the current :class:`~stormguard.ruleset.RuleSet` (with its version)
+Every source holds the current :class:`~stormguard.ratelimit.rules.RuleSet` (with its version)
 and applies edits with optimistic concurrency: an edit names the version it was based
 on (``If-Match``) and fails with :class:`VersionConflict` when another admin changed the
 rules in between. A new rule set is validated as a whole before anything is stored.
@@ -31,8 +31,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from stormguard.errors import StorageError
-from stormguard.ruleset import RuleProblem, RulesError, RuleSet
+from stormguard._core.errors import StorageError
+from stormguard.ratelimit.rules import RuleProblem, RulesError, RuleSet
 
 __all__ = ["FileRules", "MemoryRules", "RedisRules", "RulesSource", "VersionConflict"]
 

@@ -31,8 +31,9 @@ __all__ = ["MAX_BATCH", "MAX_EVALUATIONS", "MAX_KEY", "MAX_MATCHES", "CheckEndpo
 MAX_BATCH = 1000
 MAX_KEY = 4096
 MAX_EVALUATIONS = 500_000
-"""Rule evaluations one request may cost: checks x rules in the set (matching a check
-looks at every rule). 1,000 checks against 500 rules; a single check always fits."""
+"""Rule evaluations one request may cost: checks by request attributes x rules in the
+set (matching such a check looks at every rule; a key+rule check looks up one). 1,000
+checks against 500 rules; a single check always fits."""
 MAX_MATCHES = 10_000
 """Matched (check, rule) pairs one request may cost (each is store work). A single check
 always fits: a rule set holds at most ``MAX_RULES`` (10,000) rules."""
@@ -181,18 +182,21 @@ class CheckEndpoints(ServiceBase):
         if len(items) > MAX_BATCH:
             raise ApiError(422, f"checks: at most {MAX_BATCH} checks per batch", field="checks")
         rules = self.source.current
-        evaluations = len(items) * len(rules)
-        if evaluations > MAX_EVALUATIONS:
-            most = max(1, MAX_EVALUATIONS // max(1, len(rules)))
-            raise ApiError(422, f"checks: {len(items)} checks x {len(rules)} rules = "
-                           f"{evaluations} rule evaluations, more than the {MAX_EVALUATIONS} "
-                           f"one request may cost: send at most {most} checks per batch",
-                           field="checks")
         # plan everything before any store call: a refused batch consumes nothing
         plans = []
-        matches = work = 0
+        evaluations = matches = work = 0
         for i, item in enumerate(items):
             c = parse_check(item, rules, f"checks[{i}].")
+            if c.attrs is not None:  # matching by attributes looks at every rule
+                evaluations += len(rules)
+                if evaluations > MAX_EVALUATIONS:
+                    most = MAX_EVALUATIONS // len(rules)
+                    raise ApiError(422, f"checks: matching the batch against the {len(rules)} "
+                                   f"rules takes more than {MAX_EVALUATIONS} rule evaluations "
+                                   f"(at checks[{i}]), more than one request may cost: send "
+                                   f"at most {most} checks by request attributes per batch",
+                                   field="checks")
+                work += len(rules)
             plan = plan_check(c, rules, f"checks[{i}].")
             matches += len(plan)
             if matches > MAX_MATCHES:
@@ -200,7 +204,6 @@ class CheckEndpoints(ServiceBase):
                                f"(check, rule) pairs (at checks[{i}]), more than one request "
                                "may cost: send smaller batches", field="checks")
             plans.append((plan, c.cost))
-            work += len(rules)
             if work >= _YIELD_EVERY:
                 work = 0
                 await asyncio.sleep(0)  # let other requests in between

@@ -113,8 +113,9 @@ def loads(body: bytes) -> Any:
     if "\\u" in text:  # the only way to a lone surrogate: a \uD800-\uDFFF escape
         where = _surrogate(doc, "")
         if where is not None:
-            raise ApiError(422, f"{where or 'body'}: a lone UTF-16 surrogate is not Unicode "
-                           "text (pair it, or send the character itself)", field=where)
+            where = where or "body"
+            raise ApiError(422, f"{where}: a lone UTF-16 surrogate is not Unicode text (pair "
+                           "it, or send the character itself)", field=where)
     return doc
 
 
@@ -132,10 +133,10 @@ def _surrogate(doc: Any, where: str) -> str | None:
                 return path
         elif isinstance(obj, dict):
             prefix = f"{path}." if path else ""
-            for k, v in reversed(obj.items()):
+            for k in obj:
                 if _SURROGATE.search(k):
                     return prefix + json.dumps(k)[1:-1]
-                stack.append((v, prefix + k))
+            stack.extend((v, prefix + k) for k, v in reversed(obj.items()))
         elif isinstance(obj, list):
             stack.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(obj))))
     return None

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from stormguard import ConfigError, MemoryStore, Rule
 from stormguard.ratelimit.algorithms import ALGORITHMS, Algorithm
 from stormguard.ratelimit.reservation import Reservation
-from tests.core.replay import SettableClock
+from stormguard.testing import FakeClock
 from tests.core.util import BUCKETS, NOON
 
 EXAMPLES = settings(max_examples=150, deadline=None)
@@ -39,6 +39,12 @@ def setups(draw: st.DrawFn, algorithms: tuple[str, ...] = BUCKETS, back: bool = 
     trace = draw(st.lists(st.tuples(step, st.integers(1, burst), op, wait, st.booleans()),
                           min_size=1, max_size=60))
     return name, limit, window, burst, trace
+
+
+def at_us(now: int) -> FakeClock:
+    clock = FakeClock()
+    clock.set_wall(now / 1e6)
+    return clock
 
 
 def make(name: str, limit: int, window: int, burst: int) -> Algorithm:
@@ -152,8 +158,7 @@ def test_gcra_token_and_leaky_buckets_reserve_alike(
 def test_callers_leave_on_their_slots(algorithm: str) -> None:
     """10 per second with a burst of 3: ten callers at once get 0, 0, 0, 100 ms, 200 ms,
     ...; with max_wait=0.45 the eighth to the tenth are refused and book nothing."""
-    clock = SettableClock()
-    clock.now_us = T0
+    clock = at_us(T0)
     store = MemoryStore(clock=clock)
     rule = Rule(limit=10, window=1, burst=3, algorithm=algorithm)
     got = [store.reserve("shaper", rule, max_wait=0.45) for _ in range(10)]
@@ -163,9 +168,9 @@ def test_callers_leave_on_their_slots(algorithm: str) -> None:
         [0.0, 0.0, 0.0, 0.1, 0.2, 0.3, 0.4, 0.5])
     assert not got[-1]
     assert not store.hit("shaper", rule).allowed  # the hits come after the bookings
-    clock.now_us = T0 + 400_000  # the last booked caller leaves: nothing left for a hit
+    clock.set_wall((T0 + 400_000) / 1e6)  # the last booked caller leaves: nothing for a hit
     assert not store.peek("shaper", rule).allowed
-    clock.now_us = T0 + 500_000
+    clock.set_wall((T0 + 500_000) / 1e6)
     assert store.hit("shaper", rule).allowed
     # peek-like: book=False says when, books nothing
     first = store.reserve("shaper", rule, book=False)
@@ -186,15 +191,15 @@ ops = st.lists(st.tuples(st.sampled_from(["hit", "peek", "reserve", "reserve"]),
 def test_memory_store_reserves_like_the_reference(
         algorithm: str, limit: int, window: float, burst: int,
         trace: list[tuple[str, str, int, int, float | None, bool]]) -> None:
-    clock = SettableClock()
-    clock.now_us = T0
+    clock = at_us(T0)
     store = MemoryStore(clock=clock)
     rule = Rule(limit, window, algorithm=algorithm, burst=burst)
     algo = rule._algo
     states: dict[str, Any] = {}
+    now = T0
     for op, key, cost, dt, max_wait, book in trace:
-        clock.now_us += dt
-        now = clock.now_us
+        now += dt
+        clock.set_wall(now / 1e6)  # integer microseconds survive the float exactly
         c = min(cost, rule.capacity)
         state = states.get(key)
         if op == "reserve":
@@ -212,7 +217,7 @@ def test_memory_store_reserves_like_the_reference(
 
 
 def test_areserve() -> None:
-    store = MemoryStore(clock=SettableClock())
+    store = MemoryStore(clock=FakeClock())
     rule = Rule(limit=1, window=1, algorithm="gcra")
     first = asyncio.run(store.areserve("k", rule))
     second = asyncio.run(store.areserve("k", rule, max_wait=0.5))

@@ -59,6 +59,16 @@ def _problem(exc: ConfigError) -> str:
     return f"{exc.problem} (got {exc.value!r:.80})"
 
 
+def _field_name(key: object) -> str:
+    """An unknown field's name as text that can always be reported (a lone surrogate, which
+    no rules file, Redis entry or JSON answer can hold, as its backslash escape)."""
+    text = str(key)
+    try:
+        return validate.text("field", text, empty=True)
+    except ConfigError:
+        return text.encode("utf-8", "backslashreplace").decode()
+
+
 def _parse_window(value: object) -> object:
     """Seconds from a duration string (``"60"``, ``"1.5"``, ``"1m"``, ``"2 hours"``); other
     values are left to :class:`~stormguard.Rule` to check."""
@@ -99,7 +109,8 @@ class RuleSpec:
             raise RulesError([RuleProblem(where, "rule", "must be a mapping of fields")])
         name = data.get("name")
         label = repr(name) if isinstance(name, str) and name else where
-        problems = [RuleProblem(label, str(k), f"unknown field; expected one of {list(FIELDS)}")
+        problems = [RuleProblem(label, _field_name(k),
+                                f"unknown field; expected one of {list(FIELDS)}")
                     for k in data if k not in FIELDS]
         problems += [RuleProblem(label, f, "is required") for f in _REQUIRED
                      if data.get(f) is None]

@@ -205,8 +205,7 @@ class Mux:
             self.connecting = None
             if writer is not None:
                 writer.close()
-            if not isinstance(exc, ResponseError):  # a refused AUTH is not an outage
-                self.outcomes.failure()
+            self.outcomes.failure()  # a refused AUTH too: no usable connection (as sync)
             self._fail([*self.inflight, *self._take_queue()], exc)
             self.inflight.clear()
             return

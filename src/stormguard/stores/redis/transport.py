@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import threading
-import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -165,9 +165,11 @@ def tls_context(params: dict[str, Any]) -> ssl.SSLContext:
 class NodePool:
     """A bounded LIFO pool of redis-py connections to one server. Connections are made
     lazily (they connect, authenticate and select on first use and reconnect after a
-    failure); when all ``size`` are busy, :meth:`call` waits for one."""
+    failure); when all ``size`` are busy, :meth:`call` waits for one, first come first
+    served (a released connection goes straight to the longest waiter, so no thread
+    starves behind newcomers)."""
 
-    __slots__ = ("_cond", "_idle", "_made", "endpoint", "size", "stats")
+    __slots__ = ("_idle", "_lock", "_made", "_waiters", "endpoint", "size", "stats")
 
     def __init__(self, endpoint: Endpoint, size: int, stats: Transport) -> None:
         self.endpoint = endpoint
@@ -175,29 +177,36 @@ class NodePool:
         self.stats = stats
         self._idle: list[Any] = []
         self._made = 0
-        self._cond = threading.Condition(threading.Lock())
+        self._waiters: deque[list[Any]] = deque()  # [lock held until handed, connection]
+        self._lock = threading.Lock()
 
     def _get(self, wait: float) -> Any:
-        cond = self._cond
-        with cond:
+        with self._lock:
             if self._idle:
                 return self._idle.pop()
             if self._made < self.size:
                 self._made += 1
                 return self.endpoint.connection_class(**self.endpoint.connection_kwargs)
-            end = time.monotonic() + wait
-            while not self._idle:
-                left = end - time.monotonic()
-                if left <= 0:
-                    raise PoolFull(f"redis: all {self.size} connections to "
-                                   f"{self.endpoint.name} stayed busy for {wait:g} s")
-                cond.wait(left)
-            return self._idle.pop()
+            handed = threading.Lock()
+            handed.acquire()
+            box: list[Any] = [handed, None]
+            self._waiters.append(box)
+        handed.acquire(timeout=wait)
+        with self._lock:
+            if box[1] is not None:  # handed over (perhaps just as the wait ended)
+                return box[1]
+            self._waiters.remove(box)
+        raise PoolFull(f"redis: all {self.size} connections to {self.endpoint.name} "
+                       f"stayed busy for {wait:g} s")
 
     def _put(self, conn: Any) -> None:
-        with self._cond:
-            self._idle.append(conn)
-            self._cond.notify()
+        with self._lock:
+            if self._waiters:
+                box = self._waiters.popleft()
+                box[1] = conn
+                box[0].release()
+            else:
+                self._idle.append(conn)
 
     def call(self, command: Command, timeout: float | None, wait: float,
              asking: bool = False) -> Any:
@@ -233,7 +242,7 @@ class NodePool:
             self._put(conn)
 
     def close(self) -> None:
-        with self._cond:
+        with self._lock:
             idle, self._idle = self._idle, []
             self._made -= len(idle)
         for conn in idle:

@@ -214,6 +214,29 @@ async def test_reconnect_after_a_restart_on_the_same_port(restartable: RedisServ
     await t.aclose()
 
 
+async def test_unix_socket_and_db(tmp_path: Path) -> None:
+    path = str(tmp_path / "redis.sock")
+    server = start_redis(extra=["--unixsocket", path, "--unixsocketperm", "700"])
+    try:
+        url = f"unix://{path}?db=2"
+        t = transport_for(url, timeout=1.0)
+        t.call(Command.of("SET", "u", "1", key="u"))
+        assert await t.acall(Command.of("INCR", "u", key="u")) == 2
+        assert redis.Redis(port=server.port, db=2).get("u") == b"2"
+        store = RedisStore.from_url(url, timeout=1.0)
+        assert store.hit("k", RULE).remaining == 99
+        assert (await store.ahit("k", RULE)).remaining == 98
+        await store.aclose()
+        await t.aclose()
+    finally:
+        server.stop()
+
+
+def test_unknown_connection_options_are_a_config_error() -> None:
+    with pytest.raises(ValueError, match="options"):
+        RedisStore.from_url("redis://127.0.0.1:1/0", no_such_option=1)
+
+
 # -- the stores' breaker: one state machine, events ------------------------------------------------
 def test_store_breaker_events(restartable: RedisServer) -> None:
     clock = FakeClock()

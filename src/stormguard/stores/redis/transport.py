@@ -131,6 +131,11 @@ class Endpoint(NamedTuple):
             params: dict[str, Any] = {**parse_url(url), **options}  # type: ignore[no-untyped-call]
         except (ValueError, TypeError) as exc:
             raise ConfigError("url", url, f"not a usable Redis URL: {exc}") from None
+        try:  # no I/O: a connection connects on first use; a bad option fails here
+            pool.connection_class(**pool.connection_kwargs)
+        except TypeError as exc:
+            raise ConfigError("options", options, f"not redis-py connection options: {exc}"
+                              ) from None
         params.pop("connection_class", None)
         tls = tls_context(params) if url.startswith("rediss") else None
         name = params.get("path") or f"{params.get('host', 'localhost')}:{params.get('port', 6379)}"

@@ -78,6 +78,47 @@ async def test_custom_script_and_stream_commands(backend: str, request: pytest.F
     await t.aclose()
 
 
+def test_sync_cluster_follows_moved_and_ask() -> None:
+    """The blocking path routes by itself: a stale slot map meets MOVED (followed, the
+    slot fixed), a migrating slot ASK (followed after ASKING), as on the async path."""
+    from redis.crc import key_slot
+
+    from stormguard import RedisClusterStore
+    from tests.redis_servers import start_cluster
+
+    cluster = start_cluster(3)  # its own: this test changes slot states
+    try:
+        store = RedisClusterStore.from_url(cluster.url, timeout=1.0)
+        assert store.hit("moved", RULE).remaining == 99
+        t = store.transport
+        assert t.slots is not None
+        slot = key_slot(store.key("moved", RULE).encode())
+        right = t.slots[slot]
+        t.slots[slot] = next(n for n in t.masters if n != right)
+        assert store.hit("moved", RULE).remaining == 98  # MOVED, followed
+        assert t.slots[slot] == right
+        key = store.key("migrating", RULE)
+        slot = key_slot(key.encode())
+        source = store.node_for("migrating", RULE)
+        target = next(n for n in t.masters if n != source)
+        by_name = {f"127.0.0.1:{n.port}": n for n in cluster.nodes}
+        src, dst = by_name[source].client(), by_name[target].client()
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING",
+                            src.execute_command("CLUSTER", "MYID"))
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING",
+                            dst.execute_command("CLUSTER", "MYID"))
+        d = store.hit("migrating", RULE)  # ASK -> ASKING + the check on the new master
+        assert (d.allowed, d.remaining, d.degraded) == (True, 99, False)
+        assert dst.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 1
+        assert src.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
+        src.script_flush()
+        dst.script_flush()  # ASK + NOSCRIPT: SCRIPT LOAD, then ASKING + the check again
+        assert store.hit("migrating", RULE).remaining == 98
+        store.close()
+    finally:
+        cluster.stop()
+
+
 # -- private servers for AUTH, SELECT, TLS, reconnect -------------------------------------------
 @pytest.fixture(scope="module")
 def locked() -> Iterator[RedisServer]:

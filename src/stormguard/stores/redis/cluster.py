@@ -30,7 +30,15 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from redis.crc import key_slot
-from redis.exceptions import ResponseError
+from redis.exceptions import (
+    AskError,
+    BusyLoadingError,
+    ClusterDownError,
+    MasterDownError,
+    MovedError,
+    ResponseError,
+    TryAgainError,
+)
 
 from stormguard._core.errors import ConfigError, StorageCircuitOpen, StorageError
 from stormguard.stores.redis.mux import Mux, _retrieve
@@ -76,7 +84,11 @@ def parse_cluster_url(url: str, *, timeout: float, connect_timeout: float,
 
 
 def _redirect(exc: BaseException) -> tuple[str, int, str] | None:
-    """("MOVED" | "ASK", slot, "host:port") from a redirection error reply."""
+    """("MOVED" | "ASK", slot, "host:port") from a redirection error reply: redis-py's
+    parsed MovedError/AskError (blocking path) or hiredis's raw "MOVED 3999 h:p"."""
+    if isinstance(exc, AskError):  # MovedError is a subclass
+        kind = "MOVED" if isinstance(exc, MovedError) else "ASK"
+        return kind, int(exc.slot_id), f"{exc.host}:{exc.port}"
     parts = str(exc).split()
     if len(parts) == 3 and parts[0] in ("MOVED", "ASK") and parts[1].isdigit():
         target = parts[2]
@@ -84,6 +96,12 @@ def _redirect(exc: BaseException) -> tuple[str, int, str] | None:
             return None
         return parts[0], int(parts[1]), target
     return None
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """CLUSTERDOWN, TRYAGAIN, MASTERDOWN, LOADING: the node answers but cannot serve."""
+    return isinstance(exc, ClusterDownError | TryAgainError | MasterDownError
+                      | BusyLoadingError) or str(exc).startswith(_UNAVAILABLE)
 
 
 class ClusterTransport(Transport):
@@ -231,7 +249,7 @@ class ClusterTransport(Transport):
                             self.moved(slot, to)
                             self.refresh(force=True)
                         continue
-                    if str(cause).startswith(_UNAVAILABLE):
+                    if _unavailable(cause):
                         self.refresh(force=False)
                 elif not isinstance(exc, StorageCircuitOpen | PoolFull):
                     self.refresh(force=False)  # a node failed: perhaps a failover
@@ -376,7 +394,7 @@ class Router:
                     self._refresh(force=True)
                 self._route(command, fut, hops + 1, to, kind == "ASK")
                 return
-            if str(cause).startswith(_UNAVAILABLE):
+            if _unavailable(cause):
                 self._refresh(force=False)
         elif not isinstance(exc, StorageCircuitOpen):
             self._refresh(force=False)  # a node failed: perhaps a failover moved its slots

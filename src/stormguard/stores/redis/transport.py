@@ -224,7 +224,7 @@ class NodePool:
             stats.round_trips += 1
             conn.send_packed_command(head, check_health=False)
             if asking:
-                _read(conn, timeout)
+                _read(conn, timeout, errors=True)  # +OK; never leave a reply unread
             try:
                 return _read(conn, timeout)
             except ResponseError as exc:

@@ -1,16 +1,18 @@
 """Redis and Redis Cluster: a transport that knows nothing about rate limiting, and the
 rate-limit stores built on it.
 
-* :mod:`.transport` — :class:`Command` (RESP bytes + routing key + script name),
-  :class:`RedisTransport` (one server: a blocking pool and a pipelined connection per
-  event loop), :func:`transport_for`;
+* :mod:`.protocol` — :class:`Command` (RESP bytes + routing key + script name),
+  ``Endpoint`` (URL + redis-py options), the errors;
+* :mod:`.transport` — :class:`RedisTransport` (one server: a blocking pool and a
+  pipelined connection per event loop), the breaker protocol; :func:`transport_for`;
+* :mod:`.pool` — the blocking path: a bounded, first-come-first-served connection pool;
 * :mod:`.mux` — the asyncio pipelined multiplexer (hiredis on asyncio streams);
 * :mod:`.cluster` — :class:`ClusterTransport`: slot map, routing by each command's key,
-  MOVED/ASK, background refresh;
+  MOVED/ASK, background refresh; :mod:`.router` — its asyncio side;
 * :mod:`.scripts` — Lua scripts registered by name; ``NOSCRIPT`` answered by the
   transport for any registered script;
 * :mod:`.store` — :class:`RedisStore` and :class:`RedisClusterStore`: keys, script
-  arguments and decisions.
+  arguments and decisions (the only rate-limit code here).
 
 Any other component (a hybrid store's sync, shaper reservations, a Streams queue, the
 service's rules source) reuses the transport with its own scripts and commands::
@@ -27,6 +29,7 @@ from typing import Any
 
 from stormguard.stores.redis.cluster import ClusterTransport
 from stormguard.stores.redis.mux import EAGER_BATCH
+from stormguard.stores.redis.protocol import Command
 from stormguard.stores.redis.scripts import Script, register
 from stormguard.stores.redis.store import (
     SCRIPT,
@@ -35,7 +38,7 @@ from stormguard.stores.redis.store import (
     RedisStore,
     load_script,
 )
-from stormguard.stores.redis.transport import Command, RedisTransport, Transport
+from stormguard.stores.redis.transport import RedisTransport, Transport
 
 __all__ = [
     "EAGER_BATCH",

@@ -23,7 +23,6 @@ a command.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import threading
 from typing import Any
@@ -41,22 +40,13 @@ from redis.exceptions import (
 )
 
 from stormguard._core.errors import ConfigError, StorageCircuitOpen, StorageError
-from stormguard.stores.redis.mux import Mux, _retrieve
-from stormguard.stores.redis.transport import (
-    Command,
-    Endpoint,
-    NodePool,
-    PoolFull,
-    Transport,
-    guarded,
-    storage_error,
-)
+from stormguard.stores.redis.pool import NodePool
+from stormguard.stores.redis.protocol import CLUSTER_SLOTS, Command, Endpoint, PoolFull
+from stormguard.stores.redis.transport import Transport, guarded
 
-__all__ = ["ClusterTransport", "parse_cluster_url"]
+__all__ = ["ClusterTransport", "parse_cluster_url", "redirect", "unavailable"]
 
 _SLOTS = 16384
-_CLUSTER_SLOTS = Command.of("CLUSTER", "SLOTS")
-_ASKING = Command.of("ASKING")
 _UNAVAILABLE = ("CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "LOADING")
 
 
@@ -83,7 +73,7 @@ def parse_cluster_url(url: str, *, timeout: float, connect_timeout: float,
     return nodes, base
 
 
-def _redirect(exc: BaseException) -> tuple[str, int, str] | None:
+def redirect(exc: BaseException) -> tuple[str, int, str] | None:
     """("MOVED" | "ASK", slot, "host:port") from a redirection error reply: redis-py's
     parsed MovedError/AskError (blocking path) or hiredis's raw "MOVED 3999 h:p"."""
     if isinstance(exc, AskError):  # MovedError is a subclass
@@ -98,7 +88,7 @@ def _redirect(exc: BaseException) -> tuple[str, int, str] | None:
     return None
 
 
-def _unavailable(exc: BaseException) -> bool:
+def unavailable(exc: BaseException) -> bool:
     """CLUSTERDOWN, TRYAGAIN, MASTERDOWN, LOADING: the node answers but cannot serve."""
     return isinstance(exc, ClusterDownError | TryAgainError | MasterDownError
                       | BusyLoadingError) or str(exc).startswith(_UNAVAILABLE)
@@ -182,7 +172,7 @@ class ClusterTransport(Transport):
         last: BaseException = StorageError("redis: no cluster node to ask for the slot map")
         for name in self.candidates():
             try:
-                reply = self._pool(name).call(_CLUSTER_SLOTS, None, self.timeout)
+                reply = self._pool(name).call(CLUSTER_SLOTS, None, self.timeout)
             except ResponseError:
                 raise  # e.g. NOAUTH: every node would say the same
             except Exception as exc:  # this node is down: ask the next
@@ -241,15 +231,15 @@ class ClusterTransport(Transport):
             except StorageError as exc:
                 cause = exc.__cause__
                 if isinstance(cause, ResponseError):
-                    redirect = _redirect(cause)
-                    if redirect is not None and hop < 3:
-                        kind, slot, to = redirect
+                    moved = redirect(cause)
+                    if moved is not None and hop < 3:
+                        kind, slot, to = moved
                         asking = kind == "ASK"
                         if not asking:
                             self.moved(slot, to)
                             self.refresh(force=True)
                         continue
-                    if _unavailable(cause):
+                    if unavailable(cause):
                         self.refresh(force=False)
                 elif not isinstance(exc, StorageCircuitOpen | PoolFull):
                     self.refresh(force=False)  # a node failed: perhaps a failover
@@ -261,173 +251,11 @@ class ClusterTransport(Transport):
             pool.close()
 
     # -- asyncio -----------------------------------------------------------------------
-    def _new_runner(self, loop: asyncio.AbstractEventLoop) -> Router:
+    def _new_runner(self, loop: asyncio.AbstractEventLoop) -> Any:
+        from stormguard.stores.redis.router import Router
+
         return Router(self, loop)
 
     def _submit(self, runner: Any, command: Command) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = runner.submit(command)
         return fut
-
-
-class Router:
-    """One event loop's side of the cluster: one :class:`~.mux.Mux` per master (the same
-    pipelining and eager slices as on one node), each command sent to its slot's master,
-    each master gated by its own breaker."""
-
-    def __init__(self, transport: ClusterTransport, loop: asyncio.AbstractEventLoop) -> None:
-        self.t = transport
-        self.loop = loop
-        self.muxes: dict[str, Mux] = {}
-        self.loading: asyncio.Task[None] | None = None
-        self.waiting: list[tuple[Command, asyncio.Future[Any]]] = []
-        self.refreshing: asyncio.Task[None] | None = None
-
-    def submit(self, command: Command) -> asyncio.Future[Any]:
-        fut: asyncio.Future[Any] = self.loop.create_future()
-        if self.t.slots is None:
-            self.waiting.append((command, fut))
-            if self.loading is None:
-                self.loading = self.loop.create_task(self._load())
-        else:
-            self._route(command, fut, 0)
-        return fut
-
-    def mux(self, name: str) -> Mux:
-        mux = self.muxes.get(name)
-        if mux is None:
-            mux = self.muxes[name] = Mux(self.t.endpoint(name), self.loop, self.t,
-                                         self.t.breakers(name))
-        return mux
-
-    async def _fetch(self, *, initial: bool = False) -> None:
-        """``CLUSTER SLOTS`` from the first node that answers. The first load goes over a
-        connection of its own (closed afterwards), so the masters' connections all start
-        with the queue that waited for the map: one write each."""
-        last: BaseException = StorageError("redis: no cluster node to ask for the slot map")
-        for name in self.t.candidates():
-            mux = Mux(self.t.endpoint(name), self.loop, self.t, None) if initial \
-                else self.mux(name)
-            try:
-                reply = await mux.submit(_CLUSTER_SLOTS)
-            except StorageError as exc:
-                if isinstance(exc.__cause__, ResponseError):
-                    raise
-                last = exc
-                continue
-            finally:
-                if initial:
-                    await mux.aclose()
-            self.t.set_slots(reply, name)
-            return
-        raise last
-
-    async def _load(self) -> None:
-        """Load the slot map, then route what waited for it."""
-        breaker = self.t.breakers("")
-        try:
-            if breaker is not None:
-                breaker.acquire()  # the cluster as a whole: fail fast while unreachable
-            await self._fetch(initial=True)
-        except BaseException as exc:
-            self.loading = None
-            if breaker is not None and not isinstance(exc, StorageCircuitOpen
-                                                      | asyncio.CancelledError):
-                if isinstance(exc.__cause__, ResponseError):
-                    breaker.success()
-                else:
-                    breaker.failure()
-            waiting, self.waiting = self.waiting, []
-            err = storage_error(exc)
-            for _, fut in waiting:
-                if not fut.done():
-                    fut.set_exception(err)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        if breaker is not None:
-            breaker.success()
-        self.loading = None
-        waiting, self.waiting = self.waiting, []
-        for command, fut in waiting:
-            if not fut.done():
-                self._route(command, fut, 0)
-
-    def _route(self, command: Command, fut: asyncio.Future[Any], hops: int,
-               to: str | None = None, asking: bool = False) -> None:
-        if to is None:
-            to = self.t.node_of(command.key)
-            if to is None:
-                fut.set_exception(StorageError("redis: no cluster node serves this key"))
-                self._refresh(force=True)
-                return
-        mux = self.mux(to)
-        breaker = self.t.breakers(to)
-        if breaker is not None:
-            try:
-                breaker.acquire()
-            except StorageError as exc:  # this master's breaker is open: no network
-                fut.set_exception(exc)
-                return
-        if asking:
-            mux.submit(_ASKING).add_done_callback(_retrieve)
-        inner = mux.submit(command)
-        inner.add_done_callback(functools.partial(self._done, command, fut, hops))
-
-    def _done(self, command: Command, fut: asyncio.Future[Any], hops: int,
-              inner: asyncio.Future[Any]) -> None:
-        if fut.done():
-            return
-        if inner.cancelled():
-            fut.cancel()
-            return
-        exc = inner.exception()
-        if exc is None:
-            fut.set_result(inner.result())
-            return
-        cause = exc.__cause__
-        if isinstance(cause, ResponseError):
-            redirect = _redirect(cause)
-            if redirect is not None and hops < 3:
-                kind, slot, to = redirect
-                if kind == "MOVED":
-                    self.t.moved(slot, to)
-                    self._refresh(force=True)
-                self._route(command, fut, hops + 1, to, kind == "ASK")
-                return
-            if _unavailable(cause):
-                self._refresh(force=False)
-        elif not isinstance(exc, StorageCircuitOpen):
-            self._refresh(force=False)  # a node failed: perhaps a failover moved its slots
-        fut.set_exception(exc)
-
-    def _refresh(self, *, force: bool) -> None:
-        """Reload the slot map in the background (at most once a second unless forced)."""
-        t = self.t
-        if t.slots is None or self.refreshing is not None:
-            return
-        if not force and t.clock.monotonic() - t.refreshed_at < 1.0:
-            return
-        t.refreshed_at = t.clock.monotonic()
-        self.refreshing = self.loop.create_task(self._reload())
-
-    async def _reload(self) -> None:
-        try:
-            await self._fetch()
-        except Exception:  # noqa: S110 - the old map stays; the next failure tries again
-            pass
-        finally:
-            self.refreshing = None
-
-    async def aclose(self) -> None:
-        for task in (self.loading, self.refreshing):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
-        for mux in list(self.muxes.values()):
-            await mux.aclose()
-        self.muxes.clear()
-        for _, fut in self.waiting:
-            if not fut.done():
-                fut.set_exception(StorageError("redis: store closed"))
-        self.waiting = []

@@ -23,24 +23,26 @@ import contextlib
 import select
 import ssl
 from collections import deque
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import hiredis
 from redis.exceptions import ResponseError
 
 from stormguard._core.errors import StorageError
 from stormguard.stores.redis import scripts
-from stormguard.stores.redis.transport import (
+from stormguard.stores.redis.protocol import (
     BACKEND_ERRORS,
     Command,
     Endpoint,
-    Transport,
     is_noscript,
     pack,
     storage_error,
 )
 
-__all__ = ["EAGER_BATCH", "Mux"]
+if TYPE_CHECKING:
+    from stormguard.stores.redis.transport import Transport
+
+__all__ = ["EAGER_BATCH", "Mux", "retrieve"]
 
 #: On a busy connection, a queue this long is written at once instead of at the end of
 #: the event loop iteration (client and server then work in parallel: see Mux.submit).
@@ -65,7 +67,7 @@ class _Nothing:
         pass
 
 
-def _retrieve(fut: asyncio.Future[Any]) -> None:
+def retrieve(fut: asyncio.Future[Any]) -> None:
     if not fut.cancelled():
         fut.exception()  # a SCRIPT LOAD nobody awaits: its error is seen by its command
 
@@ -156,7 +158,7 @@ class Mux:
                 continue  # not registered: its command meets NOSCRIPT and fails
             self.known.add(name)
             fut: asyncio.Future[Any] = self.loop.create_future()
-            fut.add_done_callback(_retrieve)
+            fut.add_done_callback(retrieve)
             items.append((Command(script.load), fut, True))
         return items
 
@@ -299,7 +301,7 @@ class Mux:
         if name not in self.loads:
             self.loads.add(name)
             load: asyncio.Future[Any] = self.loop.create_future()
-            load.add_done_callback(_retrieve)
+            load.add_done_callback(retrieve)
             self.queue.append((Command(script.load), load, True))
         self.queue.append((command, fut, True))
         if not self.scheduled:

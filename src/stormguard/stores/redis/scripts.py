@@ -1,7 +1,7 @@
 """Lua scripts registered by name: ``name -> (source, SHA1)``.
 
 A command that runs a script is sent as ``EVALSHA <sha> ...`` and names the script
-(:attr:`Command.script <stormguard.stores.redis.transport.Command.script>`). When a
+(:attr:`Command.script <stormguard.stores.redis.protocol.Command.script>`). When a
 server answers ``NOSCRIPT`` (a fresh or restarted server, ``SCRIPT FLUSH``), the
 transport loads the source registered under that name with ``SCRIPT LOAD`` and sends
 the command again, once, on the same connection: no user of the transport handles
@@ -23,12 +23,9 @@ import hashlib
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from stormguard._core.errors import ConfigError
-
-if TYPE_CHECKING:
-    from stormguard.stores.redis.transport import Command
+from stormguard.stores.redis.protocol import Command, pack
 
 __all__ = ["Script", "get", "register", "registered"]
 
@@ -46,16 +43,12 @@ class Script:
     """``SCRIPT LOAD <source>`` as RESP bytes (what the transport sends on NOSCRIPT)."""
 
     def __post_init__(self) -> None:
-        from stormguard.stores.redis.transport import pack
-
         object.__setattr__(self, "sha", hashlib.sha1(
             self.source.encode(), usedforsecurity=False).hexdigest())
         object.__setattr__(self, "load", pack(("SCRIPT", "LOAD", self.source)))
 
     def command(self, keys: Sequence[str | bytes], args: Sequence[Arg] = ()) -> Command:
         """``EVALSHA`` of this script on ``keys`` (routed by the first key) and ``args``."""
-        from stormguard.stores.redis.transport import Command
-
         return Command.of("EVALSHA", self.sha, len(keys), *keys, *args,
                           key=keys[0] if keys else None, script=self.name)
 

@@ -33,239 +33,29 @@ Usage, for any component that needs Redis (the stores, a rules source, a queue):
 from __future__ import annotations
 
 import asyncio
-import ssl
 import threading
-from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-import hiredis
-import redis
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import ResponseError
 
 from stormguard._core import deadline
 from stormguard._core.breaker import BreakerMachine
 from stormguard._core.clock import Clock, system_clock
-from stormguard._core.errors import ConfigError, StorageError
-from stormguard.stores.redis import scripts
+from stormguard._core.errors import StorageError
+from stormguard.stores.redis.pool import NodePool
+from stormguard.stores.redis.protocol import (
+    BACKEND_ERRORS,
+    Command,
+    Endpoint,
+    PoolFull,
+    storage_error,
+)
 
-__all__ = ["BACKEND_ERRORS", "Command", "Endpoint", "NodePool", "RedisTransport", "Transport",
-           "pack", "storage_error"]
+__all__ = ["Breakers", "Command", "Endpoint", "RedisTransport", "Transport", "guarded"]
 
-#: Errors that mean "the server or the network failed" (they count towards the breaker).
-BACKEND_ERRORS = (RedisError, OSError, asyncio.TimeoutError, hiredis.ProtocolError)
-
-Arg = str | bytes | int | float
 Breakers = Callable[[str], "BreakerMachine | None"]
 """Gives the breaker guarding a node (``"host:port"``; ``""``: the transport as a whole)."""
-
-
-def pack(args: Sequence[Arg]) -> bytes:
-    """One command as RESP bytes."""
-    packed: bytes = hiredis.pack_command(tuple(args))  # type: ignore[arg-type]
-    return packed
-
-
-class Command(NamedTuple):
-    """One Redis command for the transport.
-
-    ``packed`` is the command as RESP bytes; ``key`` routes it on a cluster (``None``:
-    any master; give the key the command touches, every key of one command must share a
-    slot); ``script`` names the registered script an ``EVALSHA`` runs, so that the
-    transport can answer ``NOSCRIPT``.
-    """
-
-    packed: bytes
-    key: bytes | None = None
-    script: str | None = None
-
-    @classmethod
-    def of(cls, *args: Arg, key: str | bytes | None = None,
-           script: str | None = None) -> Command:
-        """Build a command from its arguments: ``Command.of("GET", k, key=k)``."""
-        return cls(pack(args), key.encode() if isinstance(key, str) else key, script)
-
-
-def storage_error(exc: BaseException, what: str = "redis") -> StorageError:
-    """``exc`` as a StorageError (its cause)."""
-    if isinstance(exc, StorageError):
-        return exc
-    err = StorageError(f"{what}: {type(exc).__name__}: {exc}" if not isinstance(
-        exc, ResponseError) else f"{what}: {exc}")
-    err.__cause__ = exc
-    return err
-
-
-def is_noscript(reply: object) -> bool:
-    """A NOSCRIPT error reply (redis-py's NoScriptError, or hiredis's ResponseError)."""
-    return isinstance(reply, NoScriptError) or (
-        isinstance(reply, ResponseError) and str(reply).startswith("NOSCRIPT"))
-
-
-class PoolFull(StorageError):
-    """No connection of the blocking pool came free in time (back-pressure, not an outage)."""
-
-
-# -- where a node is and how to talk to it -------------------------------------------------
-class Endpoint(NamedTuple):
-    """How to reach one server: for the blocking pool (a redis-py connection class and its
-    keyword arguments) and for the asyncio connection (``params``: ``host``/``port`` or
-    ``path``, ``username``, ``password``, ``db``; ``tls``: an SSL context or None)."""
-
-    name: str
-    connection_class: type
-    connection_kwargs: dict[str, Any]
-    params: dict[str, Any]
-    tls: ssl.SSLContext | None
-
-    @classmethod
-    def from_url(cls, url: str, *, timeout: float, connect_timeout: float,
-                 options: dict[str, Any]) -> Endpoint:
-        """``redis://``, ``rediss://`` or ``unix://`` plus redis-py connection options."""
-        from redis.connection import parse_url
-
-        try:
-            pool = redis.ConnectionPool.from_url(url, socket_timeout=timeout,
-                                                 socket_connect_timeout=connect_timeout,
-                                                 **options)
-            params: dict[str, Any] = {**parse_url(url), **options}  # type: ignore[no-untyped-call]
-        except (ValueError, TypeError) as exc:
-            raise ConfigError("url", url, f"not a usable Redis URL: {exc}") from None
-        try:  # no I/O: a connection connects on first use; a bad option fails here
-            pool.connection_class(**pool.connection_kwargs)
-        except TypeError as exc:
-            raise ConfigError("options", options, f"not redis-py connection options: {exc}"
-                              ) from None
-        params.pop("connection_class", None)
-        tls = tls_context(params) if url.startswith("rediss") else None
-        name = params.get("path") or f"{params.get('host', 'localhost')}:{params.get('port', 6379)}"
-        return cls(name, pool.connection_class, dict(pool.connection_kwargs), params, tls)
-
-    def node(self, host: str, port: int) -> Endpoint:
-        """The same settings (credentials, TLS, timeouts) for another ``host:port``."""
-        kwargs = {**self.connection_kwargs, "host": host, "port": port}
-        params = {**self.params, "host": host, "port": port}
-        return Endpoint(f"{host}:{port}", self.connection_class, kwargs, params, self.tls)
-
-
-def tls_context(params: dict[str, Any]) -> ssl.SSLContext:
-    """TLS for the asyncio connections from redis-py's options: ``ssl_ca_certs``,
-    ``ssl_ca_path``, ``ssl_certfile``/``ssl_keyfile`` (client certificate),
-    ``ssl_cert_reqs="none"`` (no verification), ``ssl_check_hostname``."""
-    ctx = ssl.create_default_context(cafile=params.get("ssl_ca_certs"),
-                                     capath=params.get("ssl_ca_path"))
-    if params.get("ssl_certfile"):
-        ctx.load_cert_chain(params["ssl_certfile"], params.get("ssl_keyfile"),
-                            params.get("ssl_password"))
-    reqs = params.get("ssl_cert_reqs", "required")
-    if reqs == ssl.CERT_NONE or str(reqs).lower() == "none":
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    elif params.get("ssl_check_hostname") is False:
-        ctx.check_hostname = False
-    return ctx
-
-
-# -- the blocking path ------------------------------------------------------------------------
-class NodePool:
-    """A bounded LIFO pool of redis-py connections to one server. Connections are made
-    lazily (they connect, authenticate and select on first use and reconnect after a
-    failure); when all ``size`` are busy, :meth:`call` waits for one, first come first
-    served (a released connection goes straight to the longest waiter, so no thread
-    starves behind newcomers)."""
-
-    __slots__ = ("_idle", "_lock", "_made", "_waiters", "endpoint", "size", "stats")
-
-    def __init__(self, endpoint: Endpoint, size: int, stats: Transport) -> None:
-        self.endpoint = endpoint
-        self.size = size
-        self.stats = stats
-        self._idle: list[Any] = []
-        self._made = 0
-        self._waiters: deque[list[Any]] = deque()  # [lock held until handed, connection]
-        self._lock = threading.Lock()
-
-    def _get(self, wait: float) -> Any:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
-            if self._made < self.size:
-                self._made += 1
-                return self.endpoint.connection_class(**self.endpoint.connection_kwargs)
-            handed = threading.Lock()
-            handed.acquire()
-            box: list[Any] = [handed, None]
-            self._waiters.append(box)
-        handed.acquire(timeout=wait)
-        with self._lock:
-            if box[1] is not None:  # handed over (perhaps just as the wait ended)
-                return box[1]
-            self._waiters.remove(box)
-        raise PoolFull(f"redis: all {self.size} connections to {self.endpoint.name} "
-                       f"stayed busy for {wait:g} s")
-
-    def _put(self, conn: Any) -> None:
-        with self._lock:
-            if self._waiters:
-                box = self._waiters.popleft()
-                box[1] = conn
-                box[0].release()
-            else:
-                self._idle.append(conn)
-
-    def call(self, command: Command, timeout: float | None, wait: float,
-             asking: bool = False) -> Any:
-        """Send ``command`` (after ``ASKING``), read its reply within ``timeout`` (None:
-        the socket timeout); on ``NOSCRIPT``, load the named script and send it again."""
-        conn = self._get(wait)
-        stats = self.stats
-        try:
-            head = [_ASKING, command.packed] if asking else [command.packed]
-            stats.round_trips += 1
-            conn.send_packed_command(head, check_health=False)
-            if asking:
-                _read(conn, timeout, errors=True)  # +OK; never leave a reply unread
-            try:
-                return _read(conn, timeout)
-            except ResponseError as exc:
-                if command.script is None or not is_noscript(exc):
-                    raise
-            load = scripts.get(command.script).load
-            stats.round_trips += 1
-            conn.send_packed_command([load, *head], check_health=False)
-            replies = [_read(conn, timeout, errors=True) for _ in range(len(head) + 1)]
-            for r in replies:
-                if isinstance(r, ResponseError):
-                    raise r
-            return replies[-1]
-        except ResponseError:
-            raise  # the reply was read: the connection is in a clean state
-        except BaseException:
-            conn.disconnect()  # a reply may still be on its way: never reuse this socket
-            raise
-        finally:
-            self._put(conn)
-
-    def close(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-            self._made -= len(idle)
-        for conn in idle:
-            conn.disconnect()
-
-
-def _read(conn: Any, timeout: float | None, errors: bool = False) -> Any:
-    try:
-        if timeout is None:
-            return conn.read_response()
-        return conn.read_response(timeout=timeout)
-    except ResponseError as exc:
-        if errors:
-            return exc
-        raise
-
-
-_ASKING = pack(("ASKING",))
 
 
 class Transport:

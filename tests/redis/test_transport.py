@@ -119,6 +119,20 @@ def test_sync_cluster_follows_moved_and_ask() -> None:
         cluster.stop()
 
 
+async def test_an_unregistered_script_fails_as_storage_error(redis_url: str) -> None:
+    from stormguard.stores.redis.protocol import Command as Cmd
+
+    t = transport_for(redis_url, timeout=1.0)
+    cmd = Cmd.of("EVALSHA", "0" * 40, 0, script="tests.never-registered")
+    with pytest.raises(StorageError, match="never-registered"):
+        t.call(cmd)
+    with pytest.raises(StorageError, match="never-registered"):
+        await t.acall(cmd)
+    assert t.call(Command.of("PING")) == b"PONG"  # the connections are still in step
+    assert await t.acall(Command.of("PING")) == b"PONG"
+    await t.aclose()
+
+
 # -- private servers for AUTH, SELECT, TLS, reconnect -------------------------------------------
 @pytest.fixture(scope="module")
 def locked() -> Iterator[RedisServer]:

@@ -81,7 +81,11 @@ class NodePool:
             except ResponseError as exc:
                 if command.script is None or not is_noscript(exc):
                     raise
-            load = scripts.get(command.script).load
+            try:
+                load = scripts.get(command.script).load
+            except KeyError:
+                raise ResponseError(f"NOSCRIPT and no script registered as "
+                                    f"{command.script!r}") from None
             stats.round_trips += 1
             conn.send_packed_command([load, *head], check_health=False)
             replies = [_read(conn, timeout, errors=True) for _ in range(len(head) + 1)]

@@ -107,6 +107,14 @@ class Router:
 
     def _route(self, command: Command, fut: asyncio.Future[Any], hops: int,
                to: str | None = None, asking: bool = False) -> None:
+        try:
+            self._send(command, fut, hops, to, asking)
+        except Exception as exc:  # never leave a caller without an outcome
+            if not fut.done():
+                fut.set_exception(storage_error(exc))
+
+    def _send(self, command: Command, fut: asyncio.Future[Any], hops: int,
+              to: str | None, asking: bool) -> None:
         if to is None:
             to = self.t.node_of(command.key)
             if to is None:

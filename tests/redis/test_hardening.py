@@ -209,6 +209,7 @@ def test_a_failover_does_not_stall_checks_on_healthy_masters(full_coverage: str)
     try:
         for node in cluster.nodes:
             node.client().config_set("cluster-require-full-coverage", full_coverage)
+            node.client().config_set("cluster-node-timeout", 500)  # notice the death sooner
         timeout = 0.05
         store = RedisClusterStore.from_url(cluster.url, timeout=timeout)
         limiter = RateLimiter(store, on_error="allow")

@@ -1,5 +1,7 @@
 """Issue 11, defects 1, 2 and 6: a connection reset under uvloop, a full blocking pool, a
-cluster failover. Each test failed before its fix."""
+cluster failover. Each test failed before its fix, except the real-server companion of
+defect 1 (a master killed under load), which guards the scenario the fake server makes
+deterministic."""
 
 from __future__ import annotations
 
@@ -135,6 +137,42 @@ def test_a_reset_mid_flight_ends_every_check(resetting: ResettingServer, loop_ki
         await limiter.aclose()
 
     _run(loop_kind, main)
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_killing_a_master_under_load_ends_every_check(loop_kind: str) -> None:
+    """The real-server form of defect 1 (it hung service requests for 10 s): 64 callers
+    on one event loop, a cluster master killed under them. Every check ends, the dead
+    master's keys degraded, and closing the store returns. Real time: the kill happens
+    while real connections carry real replies."""
+    cluster = start_cluster(3)  # its own: this test kills a node
+    timeout = 0.2
+
+    async def main() -> None:
+        store = RedisClusterStore.from_url(cluster.url, timeout=timeout)
+        limiter = AsyncRateLimiter(store, on_error="allow")
+        slowest = [0.0]
+        done = [0]
+
+        async def caller(c: int) -> None:
+            for i in range(60):
+                t = time.perf_counter()
+                await limiter.hit(f"user:{(c * 60 + i) % 300}", RULE)
+                slowest[0] = max(slowest[0], time.perf_counter() - t)
+                done[0] += 1
+                if c == 0 and i == 20:
+                    cluster.nodes[1].stop()  # mid-flight, from inside the loop
+
+        await asyncio.wait_for(asyncio.gather(*[caller(c) for c in range(64)]), 30)
+        assert done[0] == 64 * 60
+        assert limiter.degraded_count > 0
+        assert slowest[0] < 3 * timeout + 0.5  # a loaded 2-core machine: slack
+        await asyncio.wait_for(limiter.aclose(), 5)
+
+    try:
+        _run(loop_kind, main)
+    finally:
+        cluster.stop()
 
 
 def _hammer(store: RedisStore, threads: int, per_thread: int) -> tuple[int, int]:

@@ -343,5 +343,8 @@ class Mux:
         self._fail([*self.inflight, *self._take_queue()], closed)
         self.inflight.clear()
         if writer is not None:
+            # bounded: a shutdown never waits on a peer that went away (an unanswered
+            # TLS close, say)
             with contextlib.suppress(*BACKEND_ERRORS, ssl.SSLError, RuntimeError):
-                await writer.wait_closed()
+                async with asyncio.timeout(self.owner.connect_timeout):
+                    await writer.wait_closed()

@@ -26,7 +26,8 @@ RULE = Rule(1_000_000, 3600, algorithm="fixed_window")
 
 class ResettingServer:
     """A tiny RESP server on loopback: answers the handshake (AUTH, SELECT, SCRIPT LOAD,
-    PING: ``+OK`` or a bulk string), reads the first ``EVALSHA`` of every connection,
+    PING: ``+OK``; CLUSTER SLOTS: itself for every slot), reads the first ``EVALSHA`` of
+    every connection,
     then, once the test says so, resets the socket (SO_LINGER 0: an RST, no FIN)."""
 
     def __init__(self) -> None:
@@ -72,7 +73,11 @@ class ResettingServer:
                 while request is not False:
                     if request[0].upper() == b"EVALSHA":
                         break
-                    replies.append(b"+OK\r\n")  # AUTH, SELECT, SCRIPT LOAD, PING
+                    if [a.upper() for a in request] == [b"CLUSTER", b"SLOTS"]:
+                        replies.append(b"*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n"
+                                       b"$9\r\n127.0.0.1\r\n:%d\r\n" % self.port)
+                    else:
+                        replies.append(b"+OK\r\n")  # AUTH, SELECT, SCRIPT LOAD, PING
                     request = parser.gets()
                 conn.sendall(b"".join(replies))
                 if request is not False:
@@ -101,8 +106,10 @@ def _run(loop_kind: str, coro: Callable[[], Coroutine[Any, Any, None]]) -> None:
         runner.run(coro())
 
 
+@pytest.mark.parametrize("topology", ["redis", "cluster"])
 @pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
-def test_a_reset_mid_flight_ends_every_check(resetting: ResettingServer, loop_kind: str) -> None:
+def test_a_reset_mid_flight_ends_every_check(resetting: ResettingServer, loop_kind: str,
+                                             topology: str) -> None:
     """Defect 1: the first check's EVALSHA is in flight when the server resets the socket,
     and 40 more checks start in one loop iteration before the loop has seen the reset.
     Under uvloop the writes then meet a closed transport (RuntimeError in a callback) and
@@ -111,7 +118,12 @@ def test_a_reset_mid_flight_ends_every_check(resetting: ResettingServer, loop_ki
     timeout = 0.2
 
     async def main() -> None:
-        store = RedisStore.from_url(resetting.url, timeout=timeout, breaker_threshold=5)
+        store: RedisStore | RedisClusterStore
+        if topology == "redis":
+            store = RedisStore.from_url(resetting.url, timeout=timeout)
+        else:  # a one-node "cluster": the same multiplexer behind the cluster router
+            store = RedisClusterStore.from_url(f"redis+cluster://127.0.0.1:{resetting.port}",
+                                               timeout=timeout)
         limiter = AsyncRateLimiter(store, on_error="allow")
         first = asyncio.ensure_future(limiter.hit("k0", RULE))
         for _ in range(2000):  # the loop runs normally until the EVALSHA reached the server

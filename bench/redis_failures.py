@@ -165,7 +165,8 @@ def breaker_and_noscript() -> list[str]:
         warm = [timed(lambda: limiter.hit("k", RULE)) for _ in range(200)]
         noscript = []
         for _ in range(20):
-            server.client().script_flush()
+            with server.client() as c:
+                c.script_flush()
             noscript.append(timed(lambda: limiter.hit("k", RULE)))
         server.stop()
         for _ in range(5):

@@ -237,7 +237,8 @@ def _wait_for_fail(cluster: RedisCluster, dead: RedisServer, limit: float = 20.0
     end = time.monotonic() + limit
     alive = [n for n in cluster.nodes if n is not dead]
     while time.monotonic() < end:
-        nodes = alive[0].client().execute_command("CLUSTER", "NODES")
+        with alive[0].client() as c:
+            nodes = c.execute_command("CLUSTER", "NODES")
         text = nodes.decode() if isinstance(nodes, bytes) else str(nodes)
         if any(f":{dead.port}@" in line and " fail " in f" {line} ".replace(",", " ")
                for line in text.splitlines()):
@@ -258,8 +259,9 @@ def test_a_failover_does_not_stall_checks_on_healthy_masters(full_coverage: str)
     cluster = start_cluster(3)  # its own cluster: this test kills a node
     try:
         for node in cluster.nodes:
-            node.client().config_set("cluster-require-full-coverage", full_coverage)
-            node.client().config_set("cluster-node-timeout", 500)  # notice the death sooner
+            with node.client() as c:
+                c.config_set("cluster-require-full-coverage", full_coverage)
+                c.config_set("cluster-node-timeout", 500)  # notice the death sooner
         timeout = 0.05
         store = RedisClusterStore.from_url(cluster.url, timeout=timeout)
         limiter = RateLimiter(store, on_error="allow")

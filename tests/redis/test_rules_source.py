@@ -22,8 +22,9 @@ NEW_RULE = {"scope": "ip", "limit": 2, "window": "1s"}
 
 
 def _lock(server: RedisServer) -> None:
-    server.client().config_set("masterauth", PASSWORD)
-    server.client().config_set("requirepass", PASSWORD)
+    with server.client() as c:
+        c.config_set("masterauth", PASSWORD)
+        c.config_set("requirepass", PASSWORD)
 
 
 @pytest.fixture(scope="module")

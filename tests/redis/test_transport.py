@@ -25,6 +25,18 @@ from stormguard.stores.redis.scripts import get
 from stormguard.testing import FakeClock
 from tests.redis_servers import REDIS_SERVER, RedisServer, free_port, start_redis
 
+
+def command(server: RedisServer, *args: Any) -> Any:
+    """One command on a private server, with a client closed at once."""
+    with server.client() as c:
+        return c.execute_command(*args)
+
+
+def query(port: int, *args: Any, **options: Any) -> Any:
+    with redis.Redis(port=port, **options) as c:
+        return c.execute_command(*args)
+
+
 XADD = register("tests.xadd", "return redis.call('XADD', KEYS[1], '*', 'n', ARGV[1])")
 RULE = Rule(100, 60, algorithm="fixed_window")
 
@@ -71,7 +83,7 @@ async def test_custom_script_and_stream_commands(backend: str, request: pytest.F
     nodes = [request.getfixturevalue("redis_server")] if backend == "redis" else \
         request.getfixturevalue("redis_cluster").nodes
     for n in nodes:
-        n.client().script_flush()
+        command(n, "SCRIPT", "FLUSH")
     t.call(XADD.command(["{jobs}:a"], [3]))
     await t.acall(XADD.command(["{jobs}:a"], [4]))
     assert t.call(Command.of("XLEN", "{jobs}:a", key="{jobs}:a")) == 4
@@ -102,21 +114,56 @@ def test_sync_cluster_follows_moved_and_ask() -> None:
         source = store.node_for("migrating", RULE)
         target = next(n for n in t.masters if n != source)
         by_name = {f"127.0.0.1:{n.port}": n for n in cluster.nodes}
-        src, dst = by_name[source].client(), by_name[target].client()
-        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING",
-                            src.execute_command("CLUSTER", "MYID"))
-        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING",
-                            dst.execute_command("CLUSTER", "MYID"))
+        src, dst = by_name[source], by_name[target]
+        command(dst, "CLUSTER", "SETSLOT", slot, "IMPORTING", command(src, "CLUSTER", "MYID"))
+        command(src, "CLUSTER", "SETSLOT", slot, "MIGRATING", command(dst, "CLUSTER", "MYID"))
         d = store.hit("migrating", RULE)  # ASK -> ASKING + the check on the new master
         assert (d.allowed, d.remaining, d.degraded) == (True, 99, False)
-        assert dst.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 1
-        assert src.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
-        src.script_flush()
-        dst.script_flush()  # ASK + NOSCRIPT: SCRIPT LOAD, then ASKING + the check again
+        assert command(dst, "CLUSTER", "COUNTKEYSINSLOT", slot) == 1
+        assert command(src, "CLUSTER", "COUNTKEYSINSLOT", slot) == 0
+        command(src, "SCRIPT", "FLUSH")
+        command(dst, "SCRIPT", "FLUSH")  # ASK + NOSCRIPT: SCRIPT LOAD, ASKING + the check
         assert store.hit("migrating", RULE).remaining == 98
         store.close()
     finally:
         cluster.stop()
+
+
+@pytest.mark.parametrize("backend", ["redis", "cluster"])
+def test_call_many_is_one_round_trip_per_server(backend: str,
+                                                request: pytest.FixtureRequest) -> None:
+    """The blocking batch (a hybrid store's sync, say): replies in order, an error reply
+    in its place, NOSCRIPT answered, one round trip per server."""
+    url = request.getfixturevalue("redis_url" if backend == "redis" else "cluster_url")
+    t = transport_for(url, timeout=1.0)
+    keys = [f"{{k{i}}}:n" for i in range(30)]
+    t.call(Command.of("PING"))
+    before = t.round_trips
+    replies = t.call_many([Command.of("INCRBY", k, i, key=k) for i, k in enumerate(keys)])
+    assert replies == list(range(30))
+    servers = 1 if backend == "redis" else len({t.node_for(k) for k in keys})
+    assert t.round_trips == before + servers
+    t.call(Command.of("SET", "{k0}:s", "x", key="{k0}:s"))
+    nodes = [request.getfixturevalue("redis_server")] if backend == "redis" else \
+        request.getfixturevalue("redis_cluster").nodes
+    for n in nodes:
+        command(n, "SCRIPT", "FLUSH")  # the batch meets NOSCRIPT: loaded, sent again
+    mixed = t.call_many([Command.of("INCR", "{k0}:s", key="{k0}:s"),
+                         XADD.command(["{k0}:x"], [1]),
+                         Command.of("GET", "{k0}:n", key="{k0}:n")])
+    assert isinstance(mixed[0], StorageError)  # not an integer: an error in its place
+    assert isinstance(mixed[1], bytes)
+    assert mixed[2] == b"0"
+    assert t.call_many([]) == []
+    t.close()
+
+
+def test_call_many_with_the_server_down(restartable: RedisServer) -> None:
+    t = transport_for(restartable.url, timeout=1.0)
+    restartable.stop()
+    replies = t.call_many([Command.of("PING"), Command.of("PING")])
+    assert all(isinstance(r, StorageError) for r in replies)
+    t.close()
 
 
 async def test_an_unregistered_script_fails_as_storage_error(redis_url: str) -> None:
@@ -139,9 +186,8 @@ def locked() -> Iterator[RedisServer]:
     """A private server with a password and an ACL user (set after start-up: the start
     helper pings without credentials)."""
     server = start_redis()
-    c = server.client()
-    c.execute_command("ACL", "SETUSER", "alice", "on", ">wonderland", "~*", "&*", "+@all")
-    c.config_set("requirepass", "s3cret")
+    command(server, "ACL", "SETUSER", "alice", "on", ">wonderland", "~*", "&*", "+@all")
+    command(server, "CONFIG", "SET", "requirepass", "s3cret")
     yield server
     server.stop()
 
@@ -163,10 +209,9 @@ async def test_auth_and_select(locked: RedisServer, how: str) -> None:
     await t.acall(Command.of("SET", key, "async", key=key))
     assert t.call(Command.of("GET", key, key=key)) == b"async"
     db = 3 if how.endswith("db3") else 0
-    admin = redis.Redis(port=locked.port, password="s3cret", db=db)
-    assert admin.get(key) == b"async"  # in the URL's db, and only there
-    other = redis.Redis(port=locked.port, password="s3cret", db=3 - db)
-    assert other.get(key) is None
+    # in the URL's db, and only there
+    assert query(locked.port, "GET", key, password="s3cret", db=db) == b"async"
+    assert query(locked.port, "GET", key, password="s3cret", db=3 - db) is None
     # the stores on the same URL
     store = RedisStore.from_url(url, timeout=1.0)
     assert store.hit(how, RULE).remaining == 99
@@ -207,7 +252,7 @@ def tls_server() -> Iterator[tuple[int, str]]:
         end = time.monotonic() + 10
         while True:
             try:
-                redis.Redis(port=port, ssl=True, ssl_ca_certs=cert, socket_timeout=1).ping()
+                query(port, "PING", ssl=True, ssl_ca_certs=cert, socket_timeout=1)
                 break
             except redis.RedisError:
                 if proc.poll() is not None:
@@ -277,7 +322,7 @@ async def test_unix_socket_and_db(tmp_path: Path) -> None:
         t = transport_for(url, timeout=1.0)
         t.call(Command.of("SET", "u", "1", key="u"))
         assert await t.acall(Command.of("INCR", "u", key="u")) == 2
-        assert redis.Redis(port=server.port, db=2).get("u") == b"2"
+        assert query(server.port, "GET", "u", db=2) == b"2"
         store = RedisStore.from_url(url, timeout=1.0)
         assert store.hit("k", RULE).remaining == 99
         assert (await store.ahit("k", RULE)).remaining == 98

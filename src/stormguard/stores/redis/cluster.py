@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -41,7 +42,13 @@ from redis.exceptions import (
 
 from stormguard._core.errors import ConfigError, StorageCircuitOpen, StorageError
 from stormguard.stores.redis.pool import NodePool
-from stormguard.stores.redis.protocol import CLUSTER_SLOTS, Command, Endpoint, PoolFull
+from stormguard.stores.redis.protocol import (
+    CLUSTER_SLOTS,
+    Command,
+    Endpoint,
+    PoolFull,
+    storage_error,
+)
 from stormguard.stores.redis.transport import Transport, guarded
 
 __all__ = ["ClusterTransport", "parse_cluster_url", "redirect", "unavailable"]
@@ -245,6 +252,49 @@ class ClusterTransport(Transport):
                     self.refresh(force=False)  # a node failed: perhaps a failover
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def call_many(self, commands: Sequence[Command]) -> list[Any]:
+        """One round trip per master involved; a redirected command (MOVED/ASK) goes
+        again on its own through :meth:`call`."""
+        out: list[Any] = [None] * len(commands)
+        try:
+            timeout, wait = self._limits()
+            if self.slots is None:
+                self._load()
+        except StorageError as exc:
+            return [exc] * len(commands)
+        groups: dict[str | None, list[int]] = {}
+        for i, c in enumerate(commands):
+            groups.setdefault(self.node_of(c.key), []).append(i)
+        for node, idx in groups.items():
+            if node is None:
+                for i in idx:
+                    out[i] = StorageError("redis: no cluster node serves this key")
+                self.refresh(force=True)
+                continue
+            pool, batch = self._pool(node), [commands[i] for i in idx]
+            try:
+                replies = guarded(self.breakers(node),
+                                  functools.partial(pool.call_many, batch, timeout, wait))
+            except StorageError as exc:
+                if not isinstance(exc, StorageCircuitOpen | PoolFull):
+                    self.refresh(force=False)
+                replies = [exc] * len(batch)
+            for i, reply in zip(idx, replies, strict=True):
+                out[i] = self._settle(commands[i], reply)
+        return out
+
+    def _settle(self, command: Command, reply: Any) -> Any:
+        """A reply of :meth:`call_many`: a redirection goes again through :meth:`call`,
+        an error reply becomes a StorageError."""
+        if not isinstance(reply, ResponseError):
+            return reply
+        if redirect(reply) is None:
+            return storage_error(reply)
+        try:
+            return self.call(command)
+        except StorageError as exc:
+            return exc
 
     def close(self) -> None:
         for pool in list(self._pools.values()):

@@ -101,6 +101,37 @@ class NodePool:
         finally:
             self._put(conn)
 
+    def call_many(self, commands: list[Command], timeout: float | None,
+                  wait: float) -> list[Any]:
+        """Send ``commands`` in one write and read their replies (an error reply in its
+        place, as a ``ResponseError``); the ones that met ``NOSCRIPT`` go again, behind
+        their scripts' ``SCRIPT LOAD``, in one more round trip."""
+        conn = self._get(wait)
+        stats = self.stats
+        try:
+            stats.round_trips += 1
+            conn.send_packed_command([c.packed for c in commands], check_health=False)
+            replies = [_read(conn, timeout, errors=True) for _ in commands]
+            again = [i for i, c in enumerate(commands)
+                     if c.script is not None and is_noscript(replies[i])]
+            if again:
+                names = {commands[i].script for i in again}
+                loads = [scripts.registered()[n].load for n in names
+                         if n in scripts.registered()]
+                stats.round_trips += 1
+                conn.send_packed_command([*loads, *(commands[i].packed for i in again)],
+                                         check_health=False)
+                for _ in loads:
+                    _read(conn, timeout, errors=True)
+                for i in again:
+                    replies[i] = _read(conn, timeout, errors=True)
+            return replies
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            self._put(conn)
+
     def close(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, []

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -76,6 +76,13 @@ class Transport:
 
     def call(self, command: Command) -> Any:
         """Run ``command`` and return its reply (blocking)."""
+        raise NotImplementedError
+
+    def call_many(self, commands: Sequence[Command]) -> list[Any]:
+        """Run ``commands`` with one round trip per server (blocking) and return their
+        replies in order; a command that failed (an error reply, its node down) has a
+        :class:`StorageError` in its place instead of raising. On asyncio no such call
+        is needed: concurrent :meth:`acall` s of one loop iteration share one write."""
         raise NotImplementedError
 
     def acall(self, command: Command) -> Awaitable[Any]:
@@ -193,6 +200,18 @@ class RedisTransport(Transport):
         timeout, wait = self._limits()
         pool = self.pool
         return guarded(self.breaker, lambda: pool.call(command, timeout, wait))
+
+    def call_many(self, commands: Sequence[Command]) -> list[Any]:
+        commands = list(commands)
+        if not commands:
+            return []
+        try:
+            timeout, wait = self._limits()
+            pool = self.pool
+            replies = guarded(self.breaker, lambda: pool.call_many(commands, timeout, wait))
+        except StorageError as exc:
+            return [exc] * len(commands)
+        return [storage_error(r) if isinstance(r, ResponseError) else r for r in replies]
 
     def _submit(self, runner: Any, command: Command) -> asyncio.Future[Any]:
         breaker = self.breaker

@@ -2,7 +2,8 @@
 
 Protocol subset (RESP2, parsed by hiredis): ``AUTH <password>`` or ``AUTH <user>
 <password>`` and ``SELECT <db>`` in the handshake (nothing when neither is set), then
-any command the caller packs — ``EVALSHA`` (with ``SCRIPT LOAD`` on ``NOSCRIPT``, see
+any command the caller packs — ``EVALSHA`` (a registered script's ``SCRIPT LOAD`` goes
+in front of its first ``EVALSHA`` on a connection, and again on ``NOSCRIPT``, see
 :mod:`.scripts`), ``ASKING`` before a command redirected by ``ASK``, ``XADD``,
 ``HGET``... Replies are hiredis values (``bytes``, ``int``, lists, ``None``); an error
 reply fails its own caller's future with a StorageError whose ``__cause__`` is the

@@ -15,7 +15,8 @@ failure is a :class:`~stormguard.StorageError`; an open breaker is a
   slices of :data:`~.mux.EAGER_BATCH`, writes never wait for earlier replies.
 * **Scripts** (:mod:`.scripts`): ``NOSCRIPT`` is answered here, once for every user,
   by ``SCRIPT LOAD`` of the source registered under the command's script name and
-  one more send; nothing is loaded at connect time.
+  one more send; nothing is loaded at connect time (an asyncio connection sends a
+  script's ``SCRIPT LOAD`` in the same write as its first ``EVALSHA`` of it).
 * **Deadlines**: inside :func:`stormguard.deadline.scope` the wait for a connection and
   for the reply is clipped to the time left; a spent deadline fails at once.
 * **Breaker** (optional): a :class:`~stormguard._core.breaker.BreakerMachine` whose
@@ -27,7 +28,11 @@ Usage, for any component that needs Redis (the stores, a rules source, a queue):
     t = transport_for("redis://:pw@10.0.0.5:6379/2", timeout=0.2)
     t.call(Command.of("XADD", "jobs", "*", "n", 1, key="jobs"))          # blocking
     n = await t.acall(Command.of("XLEN", "jobs", key="jobs"))             # asyncio
+    replies = t.call_many([Command.of("INCR", k, key=k) for k in keys])   # one round trip
     t.close(); await t.aclose()
+
+Breakers come from ``breakers(name)`` (``""``: the transport as a whole, ``"host:port"``
+a cluster master); a transport without them (the rules source) never fails fast.
 """
 
 from __future__ import annotations

@@ -286,6 +286,19 @@ def test_a_failover_does_not_stall_checks_on_healthy_masters(full_coverage: str)
             assert degraded == len(took)  # CLUSTERDOWN from the healthy masters too
         else:
             assert degraded == 0  # the healthy masters keep serving their slots
+
+        async def concurrently() -> tuple[float, int]:  # the asyncio path, all at once
+            alimiter = AsyncRateLimiter(RedisClusterStore.from_url(cluster.url,
+                                                                   timeout=timeout))
+            t = time.perf_counter()
+            ds = await asyncio.gather(*[alimiter.hit(k, RULE) for k in healthy])
+            took = time.perf_counter() - t
+            await alimiter.aclose()
+            return took, sum(d.degraded for d in ds)
+
+        took_all, adegraded = asyncio.run(concurrently())
+        assert took_all < 2 * timeout + 0.2  # slot map + one pipelined round trip each
+        assert adegraded == (len(healthy) if full_coverage == "yes" else 0)
         limiter.close()
     finally:
         cluster.stop()

@@ -82,7 +82,7 @@ def test_reserve_lua_agrees_with_python(client: redis.Redis, name: str, limit: i
             ok, at, state = algo.reserve(state, now, c, max_wait, book)
             got = reserve(keys=[key], args=[now, c, "1" if book else "0", SLACK_MS, *params,
                                             max_wait])
-            assert got == [int(ok), at], (op, now, c, max_wait, book)
+            assert got == [int(ok), at, now], (op, now, c, max_wait, book)
         else:
             allowed, state, remaining, reset, retry, _ = algo.decide(state, now, c, op == "hit")
             got = check(keys=[key], args=[now, c, "1" if op == "hit" else "0", SLACK_MS,
@@ -103,8 +103,9 @@ def test_reserve_lua_with_server_time(client: redis.Redis) -> None:
     script = client.register_script(reserve_script())
     args = ["", 1, "1", "0", "gcra", 10, 1_000_000, 2, NO_LIMIT]
     got = [script(keys=["srv"], args=args) for _ in range(4)]
-    assert [ok for ok, _ in got] == [1, 1, 1, 1]
-    ats = [at for _, at in got]
+    assert [ok for ok, _, _ in got] == [1, 1, 1, 1]
+    ats = [at for _, at, _ in got]
+    assert all(now <= at for _, at, now in got)
     assert ats[2] - ats[0] >= 100_000  # the third waits one emission interval
     assert ats[3] - ats[2] == 100_000  # then exactly one interval apart
     assert client.pttl("srv") > 0

@@ -9,8 +9,9 @@
 -- ARGV: now_us ('' = server TIME), cost, book ('1' or '0'), TTL slack in ms,
 --       algorithm code (tb, gcra or lb), N (limit), W (window us), B (capacity),
 --       max_wait_us (the prelude's USED loop also sees ARGV[9]: a number, never a code).
--- Returns {ok, at_us}: ok = 1 when at_us - now <= max_wait_us (then booked if book);
--- at_us is the earliest admitted time either way.
+-- Returns {ok, at_us, now_us}: ok = 1 when at_us - now <= max_wait_us (then booked if
+-- book); at_us is the earliest admitted time either way; now_us the time it judged at
+-- (the server's TIME unless the client sent its own).
 local now
 if ARGV[1] == '' then
   local t = redis.call('TIME')
@@ -38,7 +39,7 @@ if not ok then
   at = exp - reset + retry
 end
 if at - now > max_wait then
-  return {0, at}
+  return {0, at, now}
 end
 if book then
   local admitted, nst, _, _, _, nexp = A.decide(st, at, N, W, B, cost, true)
@@ -47,4 +48,4 @@ if book then
   end
   A.save(KEYS[1], nst, now, nexp)  -- the TTL counts from now
 end
-return {1, at}
+return {1, at, now}

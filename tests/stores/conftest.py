@@ -14,6 +14,7 @@ from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 import pytest
+import redis
 
 from stormguard import Decision, MemoryStore, RedisClusterStore, RedisStore, Rule, Store
 from stormguard.testing import FakeClock
@@ -96,9 +97,20 @@ class Backend:
         return f"Backend({self.kind}, {self.mode})"
 
 
+_FLUSHERS: dict[int, redis.Redis] = {}
+
+
 def flush_cluster(cluster: RedisCluster) -> None:
+    """Empty every master (one kept connection each: a new one per test costs more)."""
     for node in cluster.nodes:
-        node.client().flushall()
+        client = _FLUSHERS.get(node.port)
+        if client is None or node.proc.poll() is not None:
+            client = _FLUSHERS[node.port] = node.client()
+        try:
+            client.flushall()
+        except redis.ConnectionError:  # the node was restarted: connect again
+            client = _FLUSHERS[node.port] = node.client()
+            client.flushall()
 
 
 @pytest.fixture(params=BACKENDS)

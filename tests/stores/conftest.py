@@ -18,7 +18,7 @@ import redis
 
 from stormguard import Decision, MemoryStore, RedisClusterStore, RedisStore, Rule, Store
 from stormguard.testing import FakeClock
-from tests.redis_servers import RedisCluster
+from tests.redis_servers import RedisCluster, RedisServer
 
 BACKENDS = ("memory", "redis", "cluster")
 MODES = ("sync", "async")
@@ -37,6 +37,14 @@ class Backend:
         self.loop = asyncio.new_event_loop() if mode == "async" else None
         self._made: list[Store] = []
         self.store = self.make()
+        self.clients: list[redis.Redis] = []
+        """Direct connections to the Redis servers behind the store (none for memory)."""
+
+    def held(self) -> int:
+        """How many counters the backend holds (every store made here counts)."""
+        if self.kind == "memory":
+            return sum(len(s._data) for s in self._made if isinstance(s, MemoryStore))
+        return sum(int(c.dbsize()) for c in self.clients)
 
     def make(self, **options: Any) -> Store:
         """Another store on the same backend (Redis: the same server, so shared counters)."""
@@ -68,10 +76,11 @@ class Backend:
             return self.store.peek(key, rule, cost)
         return self.run(self.store.apeek(key, rule, cost))
 
-    def hit_all(self, key: Any, rules: Sequence[Any], cost: Any = 1) -> Decision:
+    def hit_all(self, key: Any, rules: Sequence[Any] | Rule, cost: Any = 1) -> Decision:
+        # a lone Rule is accepted too (the stores treat it as a list of one)
         if self.loop is None:
-            return self.store.hit_all(key, rules, cost)
-        return self.run(self.store.ahit_all(key, rules, cost))
+            return self.store.hit_all(key, rules, cost)  # type: ignore[arg-type]
+        return self.run(self.store.ahit_all(key, rules, cost))  # type: ignore[arg-type]
 
     def reset(self, key: Any, rule: Rule | Sequence[Rule]) -> None:
         if self.loop is None:
@@ -97,20 +106,21 @@ class Backend:
         return f"Backend({self.kind}, {self.mode})"
 
 
-_FLUSHERS: dict[int, redis.Redis] = {}
+_KEPT: dict[int, redis.Redis] = {}
+
+
+def kept_client(server: RedisServer) -> redis.Redis:
+    """One kept connection per server (a new one per test costs 5 ms)."""
+    client = _KEPT.get(server.port)
+    if client is None:
+        client = _KEPT[server.port] = server.client()
+    return client
 
 
 def flush_cluster(cluster: RedisCluster) -> None:
-    """Empty every master (one kept connection each: a new one per test costs more)."""
+    """Empty every master."""
     for node in cluster.nodes:
-        client = _FLUSHERS.get(node.port)
-        if client is None or node.proc.poll() is not None:
-            client = _FLUSHERS[node.port] = node.client()
-        try:
-            client.flushall()
-        except redis.ConnectionError:  # the node was restarted: connect again
-            client = _FLUSHERS[node.port] = node.client()
-            client.flushall()
+        kept_client(node).flushall()
 
 
 @pytest.fixture(params=BACKENDS)
@@ -124,16 +134,27 @@ def mode(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def backend(kind: str, mode: str, clock: FakeClock,
-            request: pytest.FixtureRequest) -> Iterator[Backend]:
-    """A fresh store (empty server) of each backend, driven sync and async."""
-    url = ""
+def url(kind: str, request: pytest.FixtureRequest) -> str:
+    """The backend's URL, its servers emptied ("" for memory)."""
     if kind == "redis":
-        url = request.getfixturevalue("redis_url")  # flushed
-    elif kind == "cluster":
+        return str(request.getfixturevalue("redis_url"))  # flushed
+    if kind == "cluster":
         cluster: RedisCluster = request.getfixturevalue("redis_cluster")
         flush_cluster(cluster)
-        url = cluster.url
+        return cluster.url
+    return ""
+
+
+@pytest.fixture
+def backend(kind: str, mode: str, url: str, clock: FakeClock,
+            request: pytest.FixtureRequest) -> Iterator[Backend]:
+    """A fresh store (empty servers) of each backend, driven sync and async."""
     b = Backend(kind, mode, url, clock)
+    if kind == "redis":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        b.clients = [kept_client(server)]
+    elif kind == "cluster":
+        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        b.clients = [kept_client(n) for n in cluster.nodes]
     yield b
     b.close()

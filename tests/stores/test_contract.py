@@ -7,12 +7,14 @@ stores take the client's time), so waits are exact to the microsecond and free.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 
 from stormguard import AsyncRateLimiter, ConfigError, RateLimiter, Rule
 from stormguard.ratelimit.algorithms import ALGORITHMS
+from stormguard.testing import FakeClock
 from tests.stores.conftest import Backend
 
 ALGOS = sorted(ALGORITHMS)
@@ -25,8 +27,11 @@ def rule_for(algo: str, **options: Any) -> Rule:
 
 
 def exhaust(backend: Backend, key: str, rule: Rule) -> None:
-    while backend.hit(key, rule).allowed:
-        pass
+    """Hit until denied."""
+    for _ in range(100):
+        if not backend.hit(key, rule).allowed:
+            return
+    raise AssertionError(f"{rule} never denied")
 
 
 @pytest.mark.parametrize("algo", ALGOS)
@@ -136,7 +141,9 @@ def test_peek_never_consumes(backend: Backend, algo: str) -> None:
     rule = rule_for(algo)
     for _ in range(10):
         assert backend.peek("k", rule, cost=5).allowed
+    assert backend.held() == 0  # a peek stores nothing
     assert backend.hit("k", rule, cost=3).remaining == 2
+    assert backend.held() == 1
     assert backend.peek("k", rule).remaining == 2
     assert not backend.hit("k", rule, cost=3).allowed
     denied = backend.peek("k", rule, cost=3)
@@ -159,7 +166,9 @@ def test_reset_forgets(backend: Backend, algo: str) -> None:
     assert (d.allowed, d.remaining, d.reset_after) == (True, 5, 0.0)
     assert not backend.peek("k", named).allowed  # another rule: kept
     assert not backend.peek("other", rule).allowed  # another key: kept
+    assert backend.held() == 3
     backend.reset("other", [rule, named])  # several rules at once
+    assert backend.held() == 1  # the counters are gone, not just zeroed
     assert backend.peek("other", rule).remaining == 5
     assert backend.peek("other", named).remaining == 5
     backend.reset("never-seen", rule)  # forgetting an unknown key is fine
@@ -198,7 +207,9 @@ def test_hit_all_reports_the_binding_rule(backend: Backend, algo: str) -> None:
     d = backend.hit_all("k", [roomy, tight], cost=2)
     assert d.allowed
     assert (d.rule, d.remaining) == (tight, 3)  # all admit: the rule with the least left
-    d = backend.hit_all("k", [tight, roomy], cost=4)  # tight cannot: neither consumes
+    fresh = Rule(50, 60, algorithm="token_bucket", name="fresh")
+    d = backend.hit_all("k", [tight, roomy, fresh], cost=4)  # tight cannot: none consumes
+    assert backend.held() == 2  # not even a counter for the fresh rule
     assert not d.allowed
     assert d.rule == tight
     assert d.retry_after == backend.peek("k", tight, cost=4).retry_after
@@ -251,9 +262,10 @@ def test_keys_are_independent_and_any_string(backend: Backend) -> None:
 def test_a_non_string_key_is_a_type_error_naming_the_key(backend: Backend, key: Any) -> None:
     # documented (docs/concepts.md): a TypeError, not a ConfigError, on every backend
     rule = Rule(5, 10)
-    calls = (lambda: backend.hit(key, rule), lambda: backend.peek(key, rule),
-             lambda: backend.hit_all(key, [rule, Rule(5, 1)]),
-             lambda: backend.hit_all(key, [rule]), lambda: backend.reset(key, rule))
+    calls: list[Callable[[], object]] = [
+        lambda: backend.hit(key, rule), lambda: backend.peek(key, rule),
+        lambda: backend.hit_all(key, [rule, Rule(5, 1)]),
+        lambda: backend.hit_all(key, [rule]), lambda: backend.reset(key, rule)]
     for call in calls:
         with pytest.raises(TypeError, match="key: must be a str"):
             call()
@@ -262,9 +274,10 @@ def test_a_non_string_key_is_a_type_error_naming_the_key(backend: Backend, key: 
 @pytest.mark.parametrize("cost", [0, -1, True, False, 1.0, 2.5, "2", None])
 def test_bad_cost_is_a_config_error_naming_the_cost(backend: Backend, cost: Any) -> None:
     rule = Rule(5, 10, algorithm="sliding_window_log")
-    calls = (lambda: backend.hit("k", rule, cost), lambda: backend.peek("k", rule, cost),
-             lambda: backend.hit_all("k", [rule, Rule(9, 1)], cost),
-             lambda: backend.hit_all("k", [rule], cost))
+    calls: list[Callable[[], object]] = [
+        lambda: backend.hit("k", rule, cost), lambda: backend.peek("k", rule, cost),
+        lambda: backend.hit_all("k", [rule, Rule(9, 1)], cost),
+        lambda: backend.hit_all("k", [rule], cost)]
     for call in calls:
         with pytest.raises(ConfigError) as exc:
             call()
@@ -276,7 +289,8 @@ def test_bad_cost_is_a_config_error_naming_the_cost(backend: Backend, cost: Any)
 
 def test_bad_rules_are_a_config_error_naming_the_rules(backend: Backend) -> None:
     rule = Rule(5, 10)
-    for rules in ([], ()):
+    empty: list[Sequence[Rule]] = [[], ()]
+    for rules in empty:
         with pytest.raises(ConfigError, match="at least one rule") as exc:
             backend.hit_all("k", rules)
         assert exc.value.field == "rules"
@@ -342,3 +356,22 @@ def test_the_limiters_over_each_store(backend: Backend, algo: str) -> None:
         await limiter.aclose()
 
     backend.run(scenario())
+
+
+def test_sync_and_async_calls_share_counters(kind: str, url: str, clock: FakeClock) -> None:
+    b = Backend(kind, "async", url, clock)
+    try:
+        rule = Rule(3, 60)
+        store = b.store
+        assert store.hit("k", rule).allowed
+        assert b.run(store.ahit("k", rule)).remaining == 1
+        assert store.peek("k", rule).remaining == 1
+        assert b.run(store.ahit_all("k", [rule])).remaining == 0
+        assert not store.hit("k", rule).allowed
+        store.reset("k", rule)
+        assert b.run(store.apeek("k", rule)).remaining == 3
+        b.run(store.areset("k", rule))
+        assert b.run(store.aping())
+        assert store.ping()
+    finally:
+        b.close()

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import time
 from collections.abc import Sequence
+from typing import Any
+
+import httpx
 
 from stormguard import ConfigError, Decision, Rule, StorageError, Store
 from stormguard.testing import FakeClock
@@ -51,3 +56,17 @@ class RefusingStore(DownStore):
     def _fail(self) -> StorageError:
         self.calls += 1
         raise ConfigError("rule", "x", "too large for this store (test)")
+
+
+def wait_healthy(base: str, proc: subprocess.Popen[Any]) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"serve exited early: {proc.communicate()}")
+        try:
+            if httpx.get(f"{base}/healthz", timeout=0.5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)  # waiting for a real process to bind its port
+    raise AssertionError("serve did not become healthy in 20 s")

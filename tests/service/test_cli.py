@@ -8,10 +8,8 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -21,7 +19,7 @@ from stormguard.cli import main
 from stormguard.ruleset import RuleSet
 from stormguard.stores import _REGISTRY, register
 from tests.redis_servers import free_port
-from tests.service.helpers import DownStore
+from tests.service.helpers import DownStore, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_RULES = ROOT / "examples" / "rules.yaml"
@@ -119,20 +117,6 @@ def test_python_dash_m_help() -> None:
     assert "check" in p.stdout
 
 
-def _wait_healthy(base: str, proc: subprocess.Popen[Any]) -> None:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"serve exited early: {proc.communicate()}")
-        try:
-            if httpx.get(f"{base}/healthz", timeout=0.5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)  # waiting for a real process to bind its port
-    raise AssertionError("serve did not become healthy in 20 s")
-
-
 def test_end_to_end_serve_process(tmp_path: Path) -> None:
     """``python -m stormguard serve`` as a real process on a free port: checks, the
     control plane persisting to the rules file, then SIGTERM and a clean exit."""
@@ -146,7 +130,7 @@ def test_end_to_end_serve_process(tmp_path: Path) -> None:
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(base, proc)
+        wait_healthy(base, proc)
         with httpx.Client(base_url=base, timeout=5) as c:
             body = {"user": "42", "method": "GET", "path": "/search"}
             answers = [c.post("/v1/check", json=body) for _ in range(6)]

@@ -70,3 +70,16 @@ async def test_readme_service_commands() -> None:
             assert r.status_code == 200, r.text
             assert r.json()["allowed"] is True
             assert r.json()["rule"] == "search-per-user"
+
+
+def test_failure_behaviour_names_tests_that_exist() -> None:
+    """Every test the table of docs/failure-behaviour.md cites is a test of the suite."""
+    page = (ROOT / "docs" / "failure-behaviour.md").read_text()
+    cited = set(re.findall(r"`(?:tests/service/\w+\.py::)?(test_\w+)`", page))
+    assert len(cited) >= 15
+    defined = set()
+    for path in (ROOT / "tests" / "service").glob("test_*.py"):
+        defined |= set(re.findall(r"^(?:async )?def (test_\w+)", path.read_text(),
+                                  flags=re.MULTILINE))
+    assert cited <= defined, cited - defined
+    assert "## Redis and Redis Cluster" in page

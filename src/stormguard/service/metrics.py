@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from stormguard.ruleset import CheckResult
+from stormguard.ratelimit.rules import CheckResult
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
 

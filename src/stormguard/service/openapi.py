@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from stormguard.ruleset import SCOPES
+from stormguard.ratelimit.rules import SCOPES
 
 __all__ = ["openapi_document"]
 
@@ -32,6 +32,7 @@ _ERRORS = {
     "413": _answer("Body larger than 64 KiB", _ref("Error")),
     "422": _answer("Invalid field (the message names it)", _ref("Error")),
 }
+_RULES_ERRORS = {**_ERRORS, "413": _answer("Body larger than 4 MiB", _ref("Error"))}
 _ADMIN_ERRORS = {
     "401": _answer("Missing or wrong bearer token", _ref("Error")),
     "403": _answer("Control plane disabled (no STORMGUARD_ADMIN_TOKEN)", _ref("Error")),
@@ -115,7 +116,9 @@ def _document() -> dict[str, Any]:
                                              _ref("CheckResult")),
                               "404": _answer("Unknown rule", _ref("Error")), **_ERRORS}}},
             "/v1/check/batch": {"post": {
-                "summary": "Many independent checks in one request (at most 1000)",
+                "summary": "Many independent checks in one request (at most 1000, and at "
+                           "most 500,000 rule evaluations (checks x rules) and 10,000 "
+                           "matched (check, rule) pairs: else 422)",
                 "requestBody": _json_body({"type": "object", "required": ["checks"],
                                            "properties": {"checks": {
                                                "type": "array", "maxItems": 1000,
@@ -131,7 +134,8 @@ def _document() -> dict[str, Any]:
                 "put": {"summary": "Replace the whole rule set atomically", "security": admin,
                         "parameters": [_IF_MATCH], "requestBody": _json_body(_ref("RuleSet")),
                         "responses": {"200": {**_answer("The new rules", _ref("RuleSet")),
-                                              "headers": etag}, **_ERRORS, **_ADMIN_ERRORS}},
+                                              "headers": etag}, **_RULES_ERRORS,
+                                      **_ADMIN_ERRORS}},
             },
             "/v1/rules/{name}": {
                 "get": {"summary": "One rule", "security": admin, "parameters": [_NAME],

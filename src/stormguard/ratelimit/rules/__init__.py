@@ -44,6 +44,7 @@ from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from stormguard._core import validate
 from stormguard._core.errors import ConfigError
 from stormguard.ratelimit.decision import Decision
 from stormguard.ratelimit.limiter import AsyncRateLimiter, RateLimiter
@@ -185,7 +186,8 @@ class RuleSpec:
             raise RulesError([RuleProblem(where, "rule", "must be a mapping of fields")])
         name = data.get("name")
         label = repr(name) if isinstance(name, str) and name else where
-        problems = [RuleProblem(label, str(k), f"unknown field; expected one of {list(FIELDS)}")
+        problems = [RuleProblem(label, _field_name(k),
+                                f"unknown field; expected one of {list(FIELDS)}")
                     for k in data if k not in FIELDS]
         problems += [RuleProblem(label, f, "is required") for f in _REQUIRED
                      if data.get(f) is None]
@@ -232,6 +234,22 @@ class RuleSpec:
         return f"{self.scope}:{getattr(a, self.scope)}"
 
 
+def _not_text(fieldname: str, value: str) -> str | None:
+    """The problem of a string no rules file, Redis entry or JSON answer could hold (a
+    lone UTF-16 surrogate such as ``"\\ud800"``: stored, it could never be read back)."""
+    try:
+        validate.text(fieldname, value, empty=True)
+    except ConfigError as exc:
+        return f"{exc.problem}: no rules file, Redis entry or JSON answer can hold it"
+    return None
+
+
+def _field_name(key: object) -> str:
+    text = str(key)
+    return text if _not_text("field", text) is None else \
+        text.encode("utf-8", "backslashreplace").decode()
+
+
 def _validate(spec: RuleSpec) -> list[RuleProblem]:
     """Check every field; on success, fill in the derived fields."""
     name = spec.name
@@ -251,6 +269,8 @@ def _validate(spec: RuleSpec) -> list[RuleProblem]:
     if spec.endpoint is not None:
         if not isinstance(spec.endpoint, str):
             bad("endpoint", f"must be a string like 'GET /search*' (got {spec.endpoint!r:.80})")
+        elif (problem := _not_text("endpoint", spec.endpoint)) is not None:
+            bad("endpoint", problem)
         else:
             try:
                 method, path = _parse_endpoint(spec.endpoint)
@@ -258,6 +278,8 @@ def _validate(spec: RuleSpec) -> list[RuleProblem]:
                 bad("endpoint", str(exc))
     if spec.tier is not None and (not isinstance(spec.tier, str) or not spec.tier):
         bad("tier", f"must be a non-empty string (got {spec.tier!r:.80})")
+    elif spec.tier is not None and (problem := _not_text("tier", spec.tier)) is not None:
+        bad("tier", problem)
     if not isinstance(spec.shadow, bool):
         bad("shadow", f"must be true or false (got {spec.shadow!r:.80})")
     rule = None

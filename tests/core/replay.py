@@ -12,38 +12,17 @@ import sys
 from typing import Any
 
 from stormguard import MemoryStore, Rule
-
-
-class SettableClock:
-    """Wall time set explicitly, in integer microseconds (it may step back)."""
-
-    def __init__(self) -> None:
-        self.now_us = 0
-
-    def wall(self) -> float:
-        return self.now_us / 1e6
-
-    def wall_ns(self) -> int:
-        return self.now_us * 1000
-
-    def monotonic(self) -> float:
-        return self.now_us / 1e6
-
-    def sleep(self, seconds: float) -> None:
-        raise AssertionError("not used")
-
-    async def asleep(self, seconds: float) -> None:
-        raise AssertionError("not used")
+from stormguard.testing import FakeClock
 
 
 def replay(case: dict[str, Any]) -> list[Any]:
-    clock = SettableClock()
+    clock = FakeClock()  # set_wall() may step back; integer microseconds survive it exactly
     store = MemoryStore(clock=clock, max_keys=case["max_keys"])
     rules = [Rule(limit, window, algorithm=algo, burst=burst)
              for limit, window, algo, burst in case["rules"]]
     out: list[Any] = []
     for op, key, cost, now_us, which in case["ops"]:
-        clock.now_us = now_us
+        clock.set_wall(now_us / 1e6)
         rule = rules[which % len(rules)]
         if op == "reset":
             store.reset(key, rule)

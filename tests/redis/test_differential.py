@@ -71,38 +71,6 @@ def test_memory_and_redis_agree(redis_server: RedisServer, rule_list: list[Rule]
         store.close()
 
 
-class SkewedClock:
-    """Wall time that may step back: a shared base time plus a per-call offset.
-
-    It stands for several app servers whose clocks disagree (or one clock that an
-    NTP correction moves backwards): ``offset_us`` may change, in either direction,
-    before every call. Integer microseconds, so both stores read exactly the same ``now``.
-    """
-
-    def __init__(self, start_us: int) -> None:
-        self.base_us = start_us
-        self.offset_us = 0
-        self._mono = FakeClock()
-
-    def now_us(self) -> int:
-        return self.base_us + self.offset_us
-
-    def wall(self) -> float:
-        return self.now_us() / 1e6
-
-    def wall_ns(self) -> int:
-        return self.now_us() * 1000
-
-    def monotonic(self) -> float:
-        return self._mono.monotonic()
-
-    def sleep(self, seconds: float) -> None:
-        self._mono.sleep(seconds)
-
-    async def asleep(self, seconds: float) -> None:
-        await self._mono.asleep(seconds)
-
-
 SLACK_MS = 3_600_000  # the stores' clocks are fake: real-time TTLs must not expire keys
 
 # how far behind the shared time a call's clock is, in windows of the first rule
@@ -134,8 +102,10 @@ def test_memory_and_redis_agree_when_the_clock_steps_back(
     rule_list = data.draw(st.lists(rules(algo), min_size=1, max_size=3), label="rules")
     redis_server.client().flushall()
     w0 = rule_list[0]._algo.W
-    mclock = SkewedClock(1_700_000_000_000_000 + start * 1000)
-    rclock = SkewedClock(mclock.base_us)
+    # wall time that steps back: skewed app servers, or one clock an NTP correction moves
+    # back; integer microseconds set on both clocks, so both stores read exactly one ``now``
+    base_us = 1_700_000_000_000_000 + start * 1000
+    mclock, rclock = FakeClock(), FakeClock()
     memory = MemoryStore(clock=mclock)
     store = RedisStore.from_url(redis_server.url, clock=rclock, time_source="client",
                                 timeout=1.0, ttl_slack=SLACK_MS / 1000)
@@ -144,8 +114,9 @@ def test_memory_and_redis_agree_when_the_clock_steps_back(
     client = redis_server.client()
     try:
         for i, (op, key, cost, dt_us, skew) in enumerate(trace):
-            mclock.offset_us = rclock.offset_us = -round(skew * w0)
-            now = mclock.now_us()
+            now = base_us - round(skew * w0)
+            mclock.set_wall(now / 1e6)
+            rclock.set_wall(now / 1e6)
             rule = rule_list[i % len(rule_list)]
             if op == "hit_all":
                 c = min(cost, *(r.capacity for r in rule_list))
@@ -166,7 +137,6 @@ def test_memory_and_redis_agree_when_the_clock_steps_back(
                 ms = max(1, -((now - e[0]) // 1000) + SLACK_MS)
                 ttl = client.pttl(store.key(key, r))
                 assert ms - 5000 < ttl <= ms, (i, key, r, ttl, ms)
-            mclock.base_us += dt_us
-            rclock.base_us += dt_us
+            base_us += dt_us
     finally:
         store.close()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -63,3 +65,12 @@ def run_threads(target: Callable[[], Any], n: int) -> None:
         t.start()
     for t in threads:
         t.join()
+
+
+def eventually(predicate: Callable[[], bool], limit: float = 30.0) -> None:
+    """Wait until another thread makes ``predicate()`` true (yielding the CPU, not
+    sleeping; ``limit`` real seconds is only a safety net against a hang)."""
+    give_up = time.monotonic() + limit
+    while not predicate():
+        assert time.monotonic() < give_up, "the other thread never got there"
+        os.sched_yield()

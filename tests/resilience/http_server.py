@@ -34,6 +34,8 @@ class ScriptedServer(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.replies: deque[Reply] = deque()
         self.seen: list[Seen] = []
+        self.completed: list[int] = []
+        """The status of every reply written out in full, in order."""
         self.stopping = threading.Event()
         self.lock = threading.Lock()
 
@@ -72,6 +74,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(reply.body)))
             self.end_headers()
             self.wfile.write(reply.body)
+            self.wfile.flush()
+            with self.server.lock:
+                self.server.completed.append(reply.status)
         except OSError:  # the client gave up (its timeout): nothing to answer
             self.close_connection = True
 

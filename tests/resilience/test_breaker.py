@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -319,27 +318,28 @@ def test_half_open_admits_exactly_n_of_64_threads(clock: FakeClock) -> None:
     release = threading.Event()
     admitted: list[int] = []
     rejected: list[int] = []
-    lock = threading.Lock()
+    changed = threading.Condition()
 
     def trial(i: int) -> None:
-        with lock:
+        with changed:
             admitted.append(i)
-        release.wait(5)
+        assert release.wait(30)  # the trials stay in flight until every other caller is in
 
     def worker(i: int) -> None:
         start.wait()
         try:
             b.call(trial, i)
         except CircuitOpen:
-            with lock:
+            with changed:
                 rejected.append(i)
+                changed.notify_all()
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(64)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 5
-    while len(rejected) < 61 and time.monotonic() < deadline:
-        time.sleep(0.001)
+    with changed:  # an event wait, not a sleep: every caller but the trials comes back
+        assert changed.wait_for(lambda: len(rejected) == 61, timeout=30)
+        assert len(admitted) == 3
     release.set()
     for t in threads:
         t.join()
@@ -368,12 +368,13 @@ async def test_half_open_admits_exactly_n_of_64_tasks(clock: FakeClock) -> None:
     assert b.state == "closed"
 
 
-def test_no_lock_held_during_the_call() -> None:
-    """4 threads x 0.1 s through one breaker take about 0.1 s, not 0.4 s."""
-    b = CircuitBreaker(window=10, min_calls=10, slow_call_duration=5.0)
-    began = time.monotonic()
-    run_threads(lambda: b.call(time.sleep, 0.1), 4)
-    assert time.monotonic() - began < 0.35  # serialized, it would take 0.4 s at least
+def test_no_lock_held_during_the_call(clock: FakeClock) -> None:
+    """4 threads are inside one breaker's call at the same time (they meet at a barrier
+    there: with a lock held during the call, the barrier would break)."""
+    b = CircuitBreaker(window=10, min_calls=10, slow_call_duration=5.0, clock=clock)
+    inside = threading.Barrier(4, timeout=30)
+    run_threads(lambda: b.call(inside.wait), 4)
+    assert not inside.broken
     assert b.snapshot() == (4, 0, 0)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -86,43 +85,57 @@ async def test_expired_outer_deadline_means_no_call(mode: Mode, clock: FakeClock
     assert calls == []
 
 
-async def test_async_code_is_cancelled_for_real() -> None:
-    cancelled = asyncio.Event()
+def test_async_code_is_cancelled_for_real(clock: FakeClock) -> None:
+    cancelled: list[float] = []
 
     async def hang() -> None:
         try:
             await asyncio.sleep(30)
         except asyncio.CancelledError:
-            cancelled.set()
+            cancelled.append(clock.monotonic())
             raise
 
-    began = time.monotonic()
     with pytest.raises(DeadlineExceeded):
-        await Timeout(0.02).acall(hang)
-    assert time.monotonic() - began < 1.0
-    assert cancelled.is_set()
+        clock.run(Timeout(0.02, clock=clock).acall(hang))
+    assert cancelled == [100.02]  # cancelled at the deadline, in virtual time
+    assert clock.monotonic() == 100.02
 
 
-async def test_async_outer_total_cancels_inner_work() -> None:
+def test_async_outer_total_cancels_inner_work(clock: FakeClock) -> None:
     async def hang() -> None:
         await asyncio.sleep(30)
 
-    began = time.monotonic()
+    with pytest.raises(DeadlineExceeded) as info:
+        clock.run(Pipeline(Timeout(total=0.03, clock=clock),
+                           Timeout(10.0, clock=clock)).acall(hang))
+    assert "total timeout" in str(info.value)
+    assert clock.monotonic() == 100.03
+
+
+def test_the_contract_example(clock: FakeClock) -> None:
     with pytest.raises(DeadlineExceeded):
-        await Pipeline(Timeout(total=0.03), Timeout(10.0)).acall(hang)
-    assert time.monotonic() - began < 1.0
+        clock.run(Timeout(30.0, clock=clock).acall(asyncio.sleep, 60))
+    assert clock.monotonic() == 130.0
 
 
-def test_sync_code_is_not_interrupted_but_gets_the_error() -> None:
+def test_async_timer_on_the_system_clock_still_fires_on_a_virtual_loop() -> None:
+    """The timer is armed at loop.time() + what is left on the policy's clock."""
+    loop_clock = FakeClock()
+    with pytest.raises(DeadlineExceeded):
+        loop_clock.run(Timeout(0.01).acall(asyncio.sleep, 60))
+    assert 100.0 < loop_clock.monotonic() < 100.5
+
+
+def test_sync_code_is_not_interrupted_but_gets_the_error(clock: FakeClock) -> None:
     """Documented limit: a blocking call that ignores the deadline runs to its end."""
     finished: list[bool] = []
 
     def blocking() -> None:
-        time.sleep(0.03)
+        clock.sleep(0.03)
         finished.append(True)
 
     with pytest.raises(DeadlineExceeded):
-        Timeout(0.01).call(blocking)
+        Timeout(0.01, clock=clock).call(blocking)
     assert finished == [True]
 
 
@@ -165,7 +178,7 @@ async def test_outside_cancellation_stays_a_cancellation() -> None:
         await task
 
 
-async def test_callee_swallowing_the_cancellation_still_times_out() -> None:
+def test_callee_swallowing_the_cancellation_still_times_out(clock: FakeClock) -> None:
     async def stubborn() -> str:
         try:
             await asyncio.sleep(30)
@@ -173,27 +186,35 @@ async def test_callee_swallowing_the_cancellation_still_times_out() -> None:
             return "ignored the cancel"
         return "slept"
 
-    with pytest.raises(DeadlineExceeded):
-        await Timeout(0.02).acall(stubborn)
-    task = asyncio.current_task()
-    assert task is not None
-    assert task.cancelling() == 0  # no cancellation request left behind
-    await asyncio.sleep(0)  # and the task is not cancelled at its next await
+    async def main() -> None:
+        with pytest.raises(DeadlineExceeded):
+            await Timeout(0.02, clock=clock).acall(stubborn)
+        task = asyncio.current_task()
+        assert task is not None
+        assert task.cancelling() == 0  # no cancellation request left behind
+        await asyncio.sleep(0)  # and the task is not cancelled at its next await
+
+    clock.run(main())
+    assert clock.monotonic() == 100.02
 
 
-async def test_callee_turning_the_cancellation_into_an_error_times_out() -> None:
+def test_callee_turning_the_cancellation_into_an_error_times_out(clock: FakeClock) -> None:
     async def converts() -> None:
         try:
             await asyncio.sleep(30)
         except asyncio.CancelledError:
             raise Boom("cleanup failed") from None
 
-    with pytest.raises(DeadlineExceeded) as info:
-        await Timeout(0.02).acall(converts)
-    assert isinstance(info.value.__cause__, Boom)
-    task = asyncio.current_task()
-    assert task is not None
-    assert task.cancelling() == 0
+    async def main() -> None:
+        with pytest.raises(DeadlineExceeded) as info:
+            await Timeout(0.02, clock=clock).acall(converts)
+        assert isinstance(info.value.__cause__, Boom)
+        task = asyncio.current_task()
+        assert task is not None
+        assert task.cancelling() == 0
+
+    clock.run(main())
+    assert clock.monotonic() == 100.02
 
 
 async def test_outer_deadline_on_another_clock_still_clips(mode: Mode) -> None:
@@ -206,3 +227,17 @@ async def test_outer_deadline_on_another_clock_still_clips(mode: Mode) -> None:
 
     await mode.call(Timeout(total=3.0, clock=outer_clock), body)
     assert seen == [pytest.approx(0.5)]
+
+
+def test_scope_and_timeout_share_one_clipping(clock: FakeClock) -> None:
+    other = FakeClock(monotonic_start=9_000.0)
+    with deadline.scope(2.0, clock) as outer:
+        with deadline.scope(5.0, clock) as inner:
+            assert inner.at == outer.at  # never outlives the outer deadline
+        with deadline.scope(5.0, other) as elsewhere:  # another clock: clipped by what is left
+            assert elsewhere.remaining() == pytest.approx(2.0)
+        clock.advance(0.5)
+        seen: list[float | None] = []
+        Timeout(5.0, clock=other).call(lambda: seen.append(deadline.remaining()))
+        assert seen == [pytest.approx(1.5)]
+    assert deadline.current() is None

@@ -62,8 +62,8 @@ class BreakerMachine:
     """Closed / open / half-open with exact half-open admission (see the module doc)."""
 
     __slots__ = ("_b_calls", "_b_fails", "_b_idx", "_b_slows", "_b_width", "_fails",
-                 "_lease_until", "_lock", "_n", "_open_until", "_permits", "_ring", "_slows",
-                 "_trial_ok", "clock", "epoch", "failure_rate", "fast", "forced",
+                 "_forfeited", "_lease_until", "_lock", "_n", "_open_until", "_permits",
+                 "_ring", "_slows", "_trial_ok", "clock", "epoch", "failure_rate", "fast", "forced",
                  "half_open_calls", "min_calls", "name", "on_change", "on_reject",
                  "open_for", "opened", "probe_lease", "reject", "slow_call_duration",
                  "slow_call_rate", "state_code", "timed", "window", "window_type")
@@ -113,6 +113,7 @@ class BreakerMachine:
         """How many times the machine went to open (forced opens included)."""
         self._open_until = 0.0
         self._lease_until = 0.0
+        self._forfeited = 0  # trial slots handed on by the lease, not to be given back again
         self._permits = 0
         self._trial_ok = 0
         self._b_width = self.window / _TIME_BUCKETS if window_type == "time" else 1.0
@@ -239,6 +240,7 @@ class BreakerMachine:
         self.state_code = HALF_OPEN
         self.epoch += 1
         self._permits = self.half_open_calls
+        self._forfeited = 0
         self._trial_ok = 0
         self._lease_until = now
         return old, HALF_OPEN
@@ -276,6 +278,7 @@ class BreakerMachine:
                 if self._permits <= 0 and self.probe_lease is not None \
                         and now >= self._lease_until:
                     self._permits = 1  # the last trial's outcome never came: lease ended
+                    self._forfeited += 1
                 if self._permits > 0:
                     self._permits -= 1
                     if self.probe_lease is not None:
@@ -290,10 +293,12 @@ class BreakerMachine:
             raise self.reject(reason, remaining)
         return epoch
 
-    def _record(self, epoch: int, failed: bool, start: float) -> None:
+    def _record(self, epoch: int, failed: bool, start: float | None) -> None:
+        """Record an outcome; ``start`` None: no duration known (never a slow call)."""
         if self.timed:
             now = self.clock.monotonic()
-            slow = self.slow_call_duration is not None and now - start >= self.slow_call_duration
+            slow = (start is not None and self.slow_call_duration is not None
+                    and now - start >= self.slow_call_duration)
         else:
             now, slow = 0.0, False
         change = None
@@ -337,24 +342,27 @@ class BreakerMachine:
         self._record(epoch, True, start)
 
     def release(self, epoch: int) -> None:
-        """The call ended without a verdict: a half-open trial slot goes back."""
+        """The call ended without a verdict: a half-open trial slot goes back (unless the
+        probe lease already handed a slot on: then that one counts as given back)."""
         with self._lock:
             if epoch == self.epoch and self.state_code == HALF_OPEN:
-                self._permits += 1
+                if self._forfeited:
+                    self._forfeited -= 1
+                else:
+                    self._permits += 1
 
     # -- outcome-only reporting (for callers that cannot carry an epoch, e.g. a pipelined
     #    connection whose replies serve many callers): attributed to the current state ----------
     def success(self) -> None:
-        """A call succeeded (attributed to the current state)."""
-        if self.fast and self.slow_call_duration is None and self.state_code == CLOSED \
-                and len(self._ring) >= self.min_calls:
+        """A call succeeded (attributed to the current state; no duration: never slow)."""
+        if self.fast and self.state_code == CLOSED and len(self._ring) >= self.min_calls:
             self._ring.append(0)
             return
-        self._record(self.epoch, False, 0.0)
+        self._record(self.epoch, False, None)
 
     def failure(self) -> None:
         """A call failed (attributed to the current state)."""
-        self._record(self.epoch, True, 0.0)
+        self._record(self.epoch, True, None)
 
     def __repr__(self) -> str:
         return f"BreakerMachine(name={self.name!r}, state={self.state!r})"

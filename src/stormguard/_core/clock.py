@@ -11,7 +11,7 @@ import asyncio
 import time
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Clock", "SystemClock", "system_clock"]
+__all__ = ["Clock", "SystemClock", "system_clock", "wall_us"]
 
 
 @runtime_checkable
@@ -24,6 +24,10 @@ class Clock(Protocol):
 
     def wall(self) -> float:
         """Seconds since the Unix epoch (window alignment, reset headers)."""
+        ...
+
+    def wall_ns(self) -> int:
+        """``wall()`` in integer nanoseconds (see :func:`wall_us`)."""
         ...
 
     def sleep(self, seconds: float) -> None:
@@ -42,7 +46,6 @@ class SystemClock:
 
     monotonic = staticmethod(time.monotonic)
     wall = staticmethod(time.time)
-    #: Epoch nanoseconds; stores use it, when a clock has it, to skip float conversions.
     wall_ns = staticmethod(time.time_ns)
 
     def sleep(self, seconds: float) -> None:
@@ -57,3 +60,13 @@ class SystemClock:
 
 
 system_clock = SystemClock()
+
+
+def wall_us(clock: Clock) -> int:
+    """Epoch microseconds on ``clock``: the one integer time of the rate-limit stores.
+
+    ``clock.wall_ns() // 1000``: exact on the system clock (no float on the way) and
+    ``round(wall() * 1e6)`` on :class:`stormguard.testing.FakeClock` (its ``wall_ns`` is
+    rounded to the microsecond), which is what a Redis store sends in client-time mode.
+    """
+    return clock.wall_ns() // 1000

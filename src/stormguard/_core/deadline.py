@@ -4,6 +4,10 @@
 code that does its own I/O (the httpx transport, the Redis store, your own
 client) reads :func:`remaining` to clip its own timeouts, which is how a
 deadline reaches blocking code that Python cannot interrupt safely.
+
+One mechanism: :func:`clip` makes the deadline of a block (never later than the
+one in force, whichever clock that one is on); :func:`scope` and
+:class:`stormguard.Timeout` both use it.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from contextvars import ContextVar
 
 from stormguard._core.clock import Clock, system_clock
 
-__all__ = ["Deadline", "current", "remaining", "scope"]
+__all__ = ["Deadline", "clip", "current", "remaining", "scope"]
 
 
 class Deadline:
@@ -51,14 +55,26 @@ def remaining() -> float | None:
     return None if d is None else d.remaining()
 
 
+def clip(seconds: float, clock: Clock = system_clock) -> tuple[Deadline, float]:
+    """The deadline ``seconds`` from now on ``clock``, never later than the one in force
+    (on another clock, by what is left of it), and ``now`` on ``clock``."""
+    now = clock.monotonic()
+    at = now + seconds
+    outer = _current.get()
+    if outer is not None:
+        if outer.clock is clock:
+            at = min(at, outer.at)
+        else:
+            left = outer.remaining()
+            if left < seconds:
+                at = now + left
+    return Deadline(at, clock), now
+
+
 @contextmanager
 def scope(seconds: float, clock: Clock = system_clock) -> Iterator[Deadline]:
     """Set a deadline ``seconds`` from now for the block, never later than an outer one."""
-    at = clock.monotonic() + seconds
-    outer = _current.get()
-    if outer is not None and outer.clock is clock and outer.at < at:
-        at = outer.at
-    d = Deadline(at, clock)
+    d = clip(seconds, clock)[0]
     token = _current.set(d)
     try:
         yield d

@@ -34,9 +34,7 @@ from __future__ import annotations
 
 import email.utils
 import math
-from collections.abc import Awaitable, Callable
 from datetime import UTC
-from typing import Any
 
 import httpx
 
@@ -194,13 +192,65 @@ class _Translator:
         return result
 
 
+# The transports' flow, once: asyncio source, blocking twin generated (tools/unasync.py).
+# unasync: source transport
+class AsyncResilientTransport(httpx.AsyncBaseTransport):
+    # sync: """An httpx transport that sends each request through ``pipeline``."""
+    """The asyncio twin of :class:`ResilientTransport` (real cancellation on timeouts)."""
+
+    def __init__(
+        self, pipeline: Policy, transport: httpx.AsyncBaseTransport | None = None, *,
+        retry_statuses: frozenset[int] = RETRY_STATUSES,
+        failure_statuses: frozenset[int] = FAILURE_STATUSES,
+        retry_non_idempotent: bool = False, clock: Clock | None = None,
+    ) -> None:
+        self._t = _Translator(pipeline, retry_statuses, failure_statuses,
+                              retry_non_idempotent, clock)
+        self._transport = transport if transport is not None else httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        t, inner = self._t, self._transport
+        resend = t.may_resend(request)
+        base = dict(request.extensions.get("timeout", {}))
+
+        async def attempt() -> httpx.Response:
+            t.clip_timeouts(request, base)
+            try:
+                response = await inner.handle_async_request(request)
+            except httpx.TransportError as exc:
+                raise t.transport_error(exc, resend) from exc
+            if response.status_code in t.failure_statuses:
+                try:
+                    # sync: raw = b"".join(response.iter_raw())
+                    raw = b"".join([chunk async for chunk in response.aiter_raw()])
+                finally:
+                    await response.aclose()
+                raise t.status_failure(request, response, raw, resend)
+            return response
+
+        try:
+            if resend:
+                return t.check(await t.pipeline.acall(attempt))
+            with restrict(t.nothing_sent):
+                return t.check(await t.pipeline.acall(attempt))
+        except (HTTPStatusFailure, TransportFailure, RetryBudgetExhausted) as exc:
+            return t.unwrap(exc)
+
+    async def aclose(self) -> None:
+        await self._transport.aclose()
+# unasync: end
+
+
+# unasync: generated transport (python tools/unasync.py; do not edit)
 class ResilientTransport(httpx.BaseTransport):
     """An httpx transport that sends each request through ``pipeline``."""
 
-    def __init__(self, pipeline: Policy, transport: httpx.BaseTransport | None = None, *,
-                 retry_statuses: frozenset[int] = RETRY_STATUSES,
-                 failure_statuses: frozenset[int] = FAILURE_STATUSES,
-                 retry_non_idempotent: bool = False, clock: Clock | None = None) -> None:
+    def __init__(
+        self, pipeline: Policy, transport: httpx.BaseTransport | None = None, *,
+        retry_statuses: frozenset[int] = RETRY_STATUSES,
+        failure_statuses: frozenset[int] = FAILURE_STATUSES,
+        retry_non_idempotent: bool = False, clock: Clock | None = None,
+    ) -> None:
         self._t = _Translator(pipeline, retry_statuses, failure_statuses,
                               retry_non_idempotent, clock)
         self._transport = transport if transport is not None else httpx.HTTPTransport()
@@ -234,46 +284,4 @@ class ResilientTransport(httpx.BaseTransport):
 
     def close(self) -> None:
         self._transport.close()
-
-
-class AsyncResilientTransport(httpx.AsyncBaseTransport):
-    """The asyncio twin of :class:`ResilientTransport` (real cancellation on timeouts)."""
-
-    def __init__(self, pipeline: Policy, transport: httpx.AsyncBaseTransport | None = None, *,
-                 retry_statuses: frozenset[int] = RETRY_STATUSES,
-                 failure_statuses: frozenset[int] = FAILURE_STATUSES,
-                 retry_non_idempotent: bool = False, clock: Clock | None = None) -> None:
-        self._t = _Translator(pipeline, retry_statuses, failure_statuses,
-                              retry_non_idempotent, clock)
-        self._transport = transport if transport is not None else httpx.AsyncHTTPTransport()
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        t, inner = self._t, self._transport
-        resend = t.may_resend(request)
-        base = dict(request.extensions.get("timeout", {}))
-
-        async def attempt() -> httpx.Response:
-            t.clip_timeouts(request, base)
-            try:
-                response = await inner.handle_async_request(request)
-            except httpx.TransportError as exc:
-                raise t.transport_error(exc, resend) from exc
-            if response.status_code in t.failure_statuses:
-                try:
-                    raw = b"".join([chunk async for chunk in response.aiter_raw()])
-                finally:
-                    await response.aclose()
-                raise t.status_failure(request, response, raw, resend)
-            return response
-
-        call: Callable[[], Awaitable[Any]] = attempt
-        try:
-            if resend:
-                return t.check(await t.pipeline.acall(call))
-            with restrict(t.nothing_sent):
-                return t.check(await t.pipeline.acall(call))
-        except (HTTPStatusFailure, TransportFailure, RetryBudgetExhausted) as exc:
-            return t.unwrap(exc)
-
-    async def aclose(self) -> None:
-        await self._transport.aclose()
+# unasync: end

@@ -138,21 +138,11 @@ class CircuitBreaker(Policy):
         else:
             self._m.release(epoch)
 
-    # -- drivers ---------------------------------------------------------------------------
-    def _sync(self, nxt: Next, fn: Callable[..., Any], args: Args, kwargs: Kwargs) -> Any:
-        m = self._m
-        epoch = m.epoch if m.state_code == CLOSED else m.acquire()
-        start = self._clock.monotonic() if m.timed else 0.0
-        try:
-            result = nxt(fn, args, kwargs)
-        except BaseException as exc:
-            self._on_error(epoch, start, exc)
-            raise
-        m.on_success(epoch, start)
-        return result
-
-    async def _async(self, nxt: AsyncNext, fn: Callable[..., Any], args: Args,
-                     kwargs: Kwargs) -> Any:
+    # -- the flow, once: asyncio source, blocking twin generated (tools/unasync.py) --------
+    # unasync: source breaker
+    async def _async(
+        self, nxt: AsyncNext, fn: Callable[..., Any], args: Args, kwargs: Kwargs,
+    ) -> Any:
         m = self._m
         epoch = m.epoch if m.state_code == CLOSED else m.acquire()
         start = self._clock.monotonic() if m.timed else 0.0
@@ -163,3 +153,20 @@ class CircuitBreaker(Policy):
             raise
         m.on_success(epoch, start)
         return result
+    # unasync: end
+
+    # unasync: generated breaker (python tools/unasync.py; do not edit)
+    def _sync(
+        self, nxt: Next, fn: Callable[..., Any], args: Args, kwargs: Kwargs,
+    ) -> Any:
+        m = self._m
+        epoch = m.epoch if m.state_code == CLOSED else m.acquire()
+        start = self._clock.monotonic() if m.timed else 0.0
+        try:
+            result = nxt(fn, args, kwargs)
+        except BaseException as exc:
+            self._on_error(epoch, start, exc)
+            raise
+        m.on_success(epoch, start)
+        return result
+    # unasync: end

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import threading
 
+from stormguard._core import validate
 from stormguard._core.clock import Clock, system_clock
-from stormguard.resilience._base import check_positive
 
 __all__ = ["RetryBudget"]
 
@@ -28,9 +28,9 @@ class RetryBudget:
 
     def __init__(self, ratio: float = 0.1, min_per_second: float = 1.0, window: float = 10.0,
                  *, clock: Clock | None = None) -> None:
-        self.ratio = check_positive("ratio", ratio, allow_zero=True)
-        self.min_per_second = check_positive("min_per_second", min_per_second, allow_zero=True)
-        self.window = check_positive("window", window)
+        self.ratio = validate.number("ratio", ratio, allow_zero=True)
+        self.min_per_second = validate.number("min_per_second", min_per_second, allow_zero=True)
+        self.window = validate.number("window", window)
         self._clock: Clock = system_clock if clock is None else clock
         self._inv_width = _BUCKETS / self.window
         self._lock = threading.Lock()

@@ -6,9 +6,12 @@ it back when it ends, so the limit can never be exceeded, whatever mix of
 threads and asyncio tasks shares the bulkhead. Threads that must wait block in
 ``get(timeout)``; tasks wait on a future that a finishing call resolves (oldest
 waiting task first). ``max_wait=0`` rejects at once with :class:`BulkheadFull`.
-Waiting is real waiting (an OS or event-loop timer), clipped to the deadline
-in force. A freed slot goes to whichever waiter gets to it first: there is no
-strict first-come order between a waiting thread and a waiting task.
+Waiting is real waiting (an OS or event-loop timer) measured on the policy's
+clock and clipped to the deadline in force: on :class:`stormguard.testing.FakeClock`
+a task waits in virtual time on the clock's loop (``FakeClock.run``) and a thread
+until the clock is advanced past its wait or a slot frees. A freed slot goes to
+whichever waiter gets to it first: there is no strict first-come order between a
+waiting thread and a waiting task.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from stormguard._core.clock import Clock
+from stormguard._core import validate
+from stormguard._core.clock import Clock, SystemClock
 from stormguard._core.deadline import _current
 from stormguard._core.errors import BulkheadFull
 from stormguard.observability.events import BulkheadRejected, Listener
@@ -30,11 +34,12 @@ from stormguard.resilience._base import (
     Kwargs,
     Next,
     Policy,
-    check_int,
-    check_positive,
 )
 
 __all__ = ["Bulkhead"]
+
+#: a thread waiting on a clock other than the system's looks at it this often (real seconds)
+_POLL = 0.005
 
 _Waiter = tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]"]
 
@@ -53,8 +58,8 @@ class Bulkhead(Policy):
     def __init__(self, max_concurrent: int = 20, max_wait: float = 0.0, *,
                  name: str = "bulkhead", clock: Clock | None = None,
                  listeners: tuple[Listener, ...] = ()) -> None:
-        self.max_concurrent = check_int("max_concurrent", max_concurrent)
-        self.max_wait = check_positive("max_wait", max_wait, allow_zero=True)
+        self.max_concurrent = validate.integer("max_concurrent", max_concurrent)
+        self.max_wait = validate.number("max_wait", max_wait, allow_zero=True)
         super().__init__(name=name, clock=clock, listeners=listeners)
         self._free: queue.SimpleQueue[None] = queue.SimpleQueue()
         for _ in range(self.max_concurrent):
@@ -77,11 +82,6 @@ class Bulkhead(Policy):
         return self._threads_waiting + len(self._awaiters)
 
     # -- slots ----------------------------------------------------------------------------
-    def _release(self) -> None:
-        self._free.put(None)
-        if self._awaiters:
-            self._wake_one()
-
     def _wake_one(self) -> None:
         """Wake the oldest waiting task, if any (a free token is there for it)."""
         with self._lock:
@@ -122,10 +122,23 @@ class Bulkhead(Policy):
         wait = self._wait_budget()
         if wait <= 0:
             raise self._reject(0.0)
+        clock = self._clock
         with self._lock:
             self._threads_waiting += 1
         try:
-            self._free.get(timeout=wait)
+            if type(clock) is SystemClock:
+                self._free.get(timeout=wait)
+            else:  # another clock's time: wait in short real slices, watching it
+                end = clock.monotonic() + wait
+                while True:
+                    left = end - clock.monotonic()
+                    if left <= 0:
+                        raise queue.Empty
+                    try:
+                        self._free.get(timeout=min(left, _POLL))
+                        break
+                    except queue.Empty:
+                        continue
         except queue.Empty:
             raise self._reject(wait) from None
         finally:
@@ -136,8 +149,9 @@ class Bulkhead(Policy):
         wait = self._wait_budget()
         if wait <= 0:
             raise self._reject(0.0)
+        clock = self._clock
         loop = asyncio.get_running_loop()
-        end = loop.time() + wait
+        end = clock.monotonic() + wait
         again = False
         while True:
             waiter: _Waiter = (loop, loop.create_future())
@@ -153,8 +167,8 @@ class Bulkhead(Policy):
             else:
                 self._forget(waiter)
                 return
-            try:
-                async with asyncio.timeout(end - loop.time()):
+            try:  # a loop timer for what is left on our clock (virtual on FakeClock's loop)
+                async with asyncio.timeout(end - clock.monotonic()):
                     await waiter[1]
             except TimeoutError:
                 self._forget(waiter)
@@ -169,8 +183,27 @@ class Bulkhead(Policy):
                 continue
             return
 
-    # -- drivers ---------------------------------------------------------------------------
-    def _sync(self, nxt: Next, fn: Callable[..., Any], args: Args, kwargs: Kwargs) -> Any:
+    # -- the flow, once: asyncio source, blocking twin generated (tools/unasync.py) --------
+    # unasync: source bulkhead
+    async def _async(
+        self, nxt: AsyncNext, fn: Callable[..., Any], args: Args, kwargs: Kwargs,
+    ) -> Any:
+        try:
+            self._free.get_nowait()
+        except queue.Empty:
+            await self._acquire_async()
+        try:
+            return await nxt(fn, args, kwargs)
+        finally:
+            self._free.put(None)
+            if self._awaiters:
+                self._wake_one()
+    # unasync: end
+
+    # unasync: generated bulkhead (python tools/unasync.py; do not edit)
+    def _sync(
+        self, nxt: Next, fn: Callable[..., Any], args: Args, kwargs: Kwargs,
+    ) -> Any:
         try:
             self._free.get_nowait()
         except queue.Empty:
@@ -181,14 +214,4 @@ class Bulkhead(Policy):
             self._free.put(None)
             if self._awaiters:
                 self._wake_one()
-
-    async def _async(self, nxt: AsyncNext, fn: Callable[..., Any], args: Args,
-                     kwargs: Kwargs) -> Any:
-        try:
-            self._free.get_nowait()
-        except queue.Empty:
-            await self._acquire_async()
-        try:
-            return await nxt(fn, args, kwargs)
-        finally:
-            self._release()
+    # unasync: end

@@ -53,21 +53,11 @@ class Fallback(Policy):
         if self._observed():
             self._emit(FallbackUsed(self.name, self._clock.monotonic(), cause))
 
-    def _sync(self, nxt: Next, fn: Callable[..., Any], args: Args, kwargs: Kwargs) -> Any:
-        try:
-            value = nxt(fn, args, kwargs)
-        except Exception as exc:
-            if not self._matches(exc):
-                raise
-            self._used(exc)
-            return self.handler(exc)
-        if self.result is not None and self.result(value):
-            self._used(value)
-            return self.handler(value)
-        return value
-
-    async def _async(self, nxt: AsyncNext, fn: Callable[..., Any], args: Args,
-                     kwargs: Kwargs) -> Any:
+    # -- the flow, once: asyncio source, blocking twin generated (tools/unasync.py) --------
+    # unasync: source fallback
+    async def _async(
+        self, nxt: AsyncNext, fn: Callable[..., Any], args: Args, kwargs: Kwargs,
+    ) -> Any:
         try:
             value = await nxt(fn, args, kwargs)
         except Exception as exc:
@@ -80,6 +70,26 @@ class Fallback(Policy):
                 return value
             self._used(value)
             answer = self.handler(value)
-        if inspect.isawaitable(answer):
-            answer = await answer
+        if inspect.isawaitable(answer):  # async only
+            answer = await answer  # async only
         return answer
+    # unasync: end
+
+    # unasync: generated fallback (python tools/unasync.py; do not edit)
+    def _sync(
+        self, nxt: Next, fn: Callable[..., Any], args: Args, kwargs: Kwargs,
+    ) -> Any:
+        try:
+            value = nxt(fn, args, kwargs)
+        except Exception as exc:
+            if not self._matches(exc):
+                raise
+            self._used(exc)
+            answer = self.handler(exc)
+        else:
+            if self.result is None or not self.result(value):
+                return value
+            self._used(value)
+            answer = self.handler(value)
+        return answer
+    # unasync: end

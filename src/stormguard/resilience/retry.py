@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+from stormguard._core import validate
 from stormguard._core.clock import Clock
 from stormguard._core.deadline import _current
 from stormguard._core.errors import ConfigError, RetryBudgetExhausted, TransientError
@@ -39,8 +40,6 @@ from stormguard.resilience._base import (
     Kwargs,
     Next,
     Policy,
-    check_int,
-    check_positive,
     matcher,
 )
 from stormguard.resilience.budget import RetryBudget
@@ -95,27 +94,24 @@ class Retry(Policy):
                  max_retry_after: float | None = None, min_attempt_time: float = 0.0,
                  rng: random.Random | None = None, name: str = "retry",
                  clock: Clock | None = None, listeners: tuple[Listener, ...] = ()) -> None:
-        self.attempts = check_int("attempts", attempts)
-        self.base = check_positive("base", base, allow_zero=True)
-        self.multiplier = check_positive("multiplier", multiplier)
-        if self.multiplier < 1:
-            raise ConfigError("multiplier", multiplier, "must be >= 1")
-        self.max_delay = check_positive("max_delay", max_delay, allow_zero=True)
+        self.attempts = validate.integer("attempts", attempts)
+        self.base = validate.number("base", base, allow_zero=True)
+        self.multiplier = validate.number("multiplier", multiplier, minimum=1.0,
+                                          allow_zero=True)
+        self.max_delay = validate.number("max_delay", max_delay, allow_zero=True)
         if self.base > self.max_delay:
             raise ConfigError("base", base, f"must be <= max_delay ({max_delay})")
-        if jitter not in JITTERS:
-            raise ConfigError("jitter", jitter, f"must be one of {', '.join(JITTERS)}")
-        self.jitter = jitter
+        self.jitter = validate.one_of("jitter", jitter, JITTERS)
         self._mode = JITTERS.index(jitter)
         self._retry_on = is_transient if retry_on is None else matcher("retry_on", retry_on)
         if budget is not None and not isinstance(budget, RetryBudget):
             raise ConfigError("budget", budget, "must be a RetryBudget")
         self.budget = budget
         self.max_retry_after = (self.max_delay if max_retry_after is None
-                                else check_positive("max_retry_after", max_retry_after,
-                                                    allow_zero=True))
-        self.min_attempt_time = check_positive("min_attempt_time", min_attempt_time,
-                                               allow_zero=True)
+                                else validate.number("max_retry_after", max_retry_after,
+                                                     allow_zero=True))
+        self.min_attempt_time = validate.number("min_attempt_time", min_attempt_time,
+                                                allow_zero=True)
         self._random = (rng if rng is not None else random.Random()).random  # noqa: S311 -- jitter, not crypto
         super().__init__(name=name, clock=clock, listeners=listeners)
 
@@ -190,24 +186,12 @@ class Retry(Policy):
             error = yield delay
             attempt += 1
 
-    # -- drivers: the first attempt costs one try/except; the flow only runs on failure ----
-    def _sync(self, nxt: Next, fn: Callable[..., Any], args: Args, kwargs: Kwargs) -> Any:
-        if self.budget is not None:
-            self.budget.record_attempt()
-        try:
-            return nxt(fn, args, kwargs)
-        except Exception as exc:
-            flow = self._flow(exc)
-            delay = next(flow)
-        while True:
-            self._clock.sleep(delay)
-            try:
-                return nxt(fn, args, kwargs)
-            except Exception as exc:
-                delay = flow.send(exc)
-
-    async def _async(self, nxt: AsyncNext, fn: Callable[..., Any], args: Args,
-                     kwargs: Kwargs) -> Any:
+    # -- the flow, once: asyncio source, blocking twin generated (tools/unasync.py) --------
+    # The first attempt costs one try/except; the retry flow only runs on failure.
+    # unasync: source retry
+    async def _async(
+        self, nxt: AsyncNext, fn: Callable[..., Any], args: Args, kwargs: Kwargs,
+    ) -> Any:
         if self.budget is not None:
             self.budget.record_attempt()
         try:
@@ -221,3 +205,23 @@ class Retry(Policy):
                 return await nxt(fn, args, kwargs)
             except Exception as exc:
                 delay = flow.send(exc)
+    # unasync: end
+
+    # unasync: generated retry (python tools/unasync.py; do not edit)
+    def _sync(
+        self, nxt: Next, fn: Callable[..., Any], args: Args, kwargs: Kwargs,
+    ) -> Any:
+        if self.budget is not None:
+            self.budget.record_attempt()
+        try:
+            return nxt(fn, args, kwargs)
+        except Exception as exc:
+            flow = self._flow(exc)
+            delay = next(flow)
+        while True:
+            self._clock.sleep(delay)
+            try:
+                return nxt(fn, args, kwargs)
+            except Exception as exc:
+                delay = flow.send(exc)
+    # unasync: end

@@ -25,13 +25,50 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from stormguard._core import validate
 from stormguard._core.clock import Clock
-from stormguard._core.deadline import Deadline, _current
+from stormguard._core.deadline import Deadline, _current, clip
 from stormguard._core.errors import ConfigError, DeadlineExceeded
 from stormguard.observability.events import Listener, TimedOut
-from stormguard.resilience._base import Args, AsyncNext, Kwargs, Next, Policy, check_positive
+from stormguard.resilience._base import Args, AsyncNext, Kwargs, Next, Policy
 
 __all__ = ["Timeout"]
+
+
+class _Expiry:
+    """The asyncio half of a deadline: a loop timer that cancels the task when it passes.
+
+    Armed on the clock's time (``loop.time()`` plus what is left on the policy's
+    clock, ``delay``): on :class:`stormguard.testing.FakeClock`'s loop it is a virtual timer.
+    ``asyncio.timeout()`` semantics with a bare loop timer (cheaper, see bench/): a
+    cancellation we caused (and only that) becomes DeadlineExceeded.
+    """
+
+    __slots__ = ("cancelling", "expired", "handle", "task")
+
+    def __init__(self, delay: float) -> None:
+        task = asyncio.current_task()
+        if task is None:  # pragma: no cover - acall always runs inside a task
+            raise RuntimeError("Timeout.acall must run inside an asyncio task")
+        self.task = task
+        self.cancelling = task.cancelling()
+        self.expired = False
+        loop = task.get_loop()
+        self.handle = loop.call_at(loop.time() + delay, self._expire)
+
+    def _expire(self) -> None:
+        self.expired = True
+        self.task.cancel()
+
+    def ours(self) -> bool:
+        """After a CancelledError: was it our cancellation, and no one else's?"""
+        return self.expired and self.task.uncancel() <= self.cancelling
+
+    def settle(self) -> bool:
+        """The call ended otherwise: withdraw our cancellation request; True if it fired."""
+        if self.expired:
+            self.task.uncancel()
+        return self.expired
 
 
 class Timeout(Policy):
@@ -46,8 +83,7 @@ class Timeout(Policy):
             raise ConfigError("seconds", seconds, "give exactly one of seconds or total=")
         is_total = total is not None
         value = total if total is not None else seconds
-        assert value is not None
-        self.seconds = check_positive("total" if is_total else "seconds", value)
+        self.seconds = validate.number("total" if is_total else "seconds", value)
         self.total = is_total
         super().__init__(name=name or ("total_timeout" if is_total else "timeout"),
                          clock=clock, listeners=listeners)
@@ -58,22 +94,12 @@ class Timeout(Policy):
         return f"Timeout({arg})"
 
     def _enter(self) -> tuple[Deadline, float]:
-        """The deadline for this call (clipped to the outer one) and the time now."""
-        clock = self._clock
-        now = clock.monotonic()
-        at = now + self.seconds
-        outer = _current.get()
-        if outer is not None:
-            if outer.clock is clock:
-                at = min(at, outer.at)
-            else:
-                left = outer.remaining()
-                if left < self.seconds:
-                    at = now + left
-            if at <= now:
-                self._timed_out(0.0)
-                raise DeadlineExceeded("deadline already passed before the call")
-        return Deadline(at, clock), now
+        """Under an outer deadline: this call's, clipped to it (:func:`deadline.clip`)."""
+        d, now = clip(self.seconds, self._clock)
+        if d.at <= now:
+            self._timed_out(0.0)
+            raise DeadlineExceeded("deadline already passed before the call")
+        return d, now
 
     def _timed_out(self, budget: float) -> None:
         if self._observed():
@@ -84,9 +110,46 @@ class Timeout(Policy):
         return DeadlineExceeded(f"{'total ' if self.total else ''}timeout of "
                                 f"{d.at - now:.3f}s exceeded")
 
-    def _sync(self, nxt: Next, fn: Callable[..., Any], args: Args, kwargs: Kwargs) -> Any:
-        # _enter() inlined for the common case (no outer deadline): this is the hot path.
-        if _current.get() is None:
+    # -- the flow, once: asyncio source, blocking twin generated (tools/unasync.py) --------
+    # unasync: source timeout
+    async def _async(
+        self, nxt: AsyncNext, fn: Callable[..., Any], args: Args, kwargs: Kwargs,
+    ) -> Any:
+        if _current.get() is None:  # the hot path: no outer deadline, nothing to clip
+            now = self._monotonic()
+            d = Deadline(now + self.seconds, self._clock)
+            monotonic = self._monotonic
+        else:
+            d, now = self._enter()
+            monotonic = d.clock.monotonic
+        expiry = _Expiry(d.at - now)  # async only
+        token = _current.set(d)
+        try:
+            result = await nxt(fn, args, kwargs)
+        except asyncio.CancelledError as exc:  # async only
+            if expiry.ours():  # async only
+                raise self._late(d, now) from exc  # async only
+            raise  # async only
+        except Exception as exc:
+            # sync: late = monotonic() >= d.at
+            late = expiry.settle() or monotonic() >= d.at
+            if late and not isinstance(exc, DeadlineExceeded):
+                raise self._late(d, now) from exc
+            raise
+        finally:
+            expiry.handle.cancel()  # async only
+            _current.reset(token)
+        # sync: if monotonic() >= d.at:
+        if expiry.settle() or monotonic() >= d.at:
+            raise self._late(d, now)
+        return result
+    # unasync: end
+
+    # unasync: generated timeout (python tools/unasync.py; do not edit)
+    def _sync(
+        self, nxt: Next, fn: Callable[..., Any], args: Args, kwargs: Kwargs,
+    ) -> Any:
+        if _current.get() is None:  # the hot path: no outer deadline, nothing to clip
             now = self._monotonic()
             d = Deadline(now + self.seconds, self._clock)
             monotonic = self._monotonic
@@ -97,7 +160,8 @@ class Timeout(Policy):
         try:
             result = nxt(fn, args, kwargs)
         except Exception as exc:
-            if monotonic() >= d.at and not isinstance(exc, DeadlineExceeded):
+            late = monotonic() >= d.at
+            if late and not isinstance(exc, DeadlineExceeded):
                 raise self._late(d, now) from exc
             raise
         finally:
@@ -105,44 +169,4 @@ class Timeout(Policy):
         if monotonic() >= d.at:
             raise self._late(d, now)
         return result
-
-    async def _async(self, nxt: AsyncNext, fn: Callable[..., Any], args: Args,
-                     kwargs: Kwargs) -> Any:
-        # asyncio.timeout() semantics with a bare loop timer (cheaper, see bench/): the timer
-        # cancels the task; a cancellation we caused (and only that) becomes DeadlineExceeded.
-        d, now = self._enter()
-        clock = d.clock
-        task = asyncio.current_task()
-        if task is None:  # pragma: no cover - acall always runs inside a task
-            raise RuntimeError("Timeout.acall must run inside an asyncio task")
-        loop = task.get_loop()
-        cancelling = task.cancelling()
-        expired = False
-
-        def expire() -> None:
-            nonlocal expired
-            expired = True
-            task.cancel()
-
-        handle = loop.call_at(loop.time() + (d.at - now), expire)
-        token = _current.set(d)
-        try:
-            result = await nxt(fn, args, kwargs)
-        except asyncio.CancelledError as exc:
-            if expired and task.uncancel() <= cancelling:
-                raise self._late(d, now) from exc
-            raise
-        except Exception as exc:
-            if expired:
-                task.uncancel()
-            if (expired or clock.monotonic() >= d.at) and not isinstance(exc, DeadlineExceeded):
-                raise self._late(d, now) from exc
-            raise
-        finally:
-            handle.cancel()
-            _current.reset(token)
-        if expired:
-            task.uncancel()  # the callee swallowed our cancellation
-        if clock.monotonic() >= d.at:
-            raise self._late(d, now)
-        return result
+    # unasync: end

@@ -57,25 +57,36 @@ class Pipeline(Policy):
     def __repr__(self) -> str:
         return f"Pipeline({', '.join(map(repr, self.policies))})"
 
-    def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        result: T = self._chain(fn, args, kwargs)
-        return result
-
-    async def acall(self, fn: Callable[P, Awaitable[T]], /,
-                    *args: P.args, **kwargs: P.kwargs) -> T:
+    # -- the flow, once: asyncio source, blocking twin generated (tools/unasync.py) --------
+    # unasync: source pipeline
+    async def acall(
+        self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs,
+    ) -> T:
         result: T = await self._achain(fn, args, kwargs)
         return result
 
-    def _sync(self, nxt: Next, fn: Callable[..., Any], args: Args, kwargs: Kwargs) -> Any:
-        if nxt is invoke:
-            return self._chain(fn, args, kwargs)
-        return chain(self.policies, nxt)(fn, args, kwargs)
-
-    async def _async(self, nxt: AsyncNext, fn: Callable[..., Any], args: Args,
-                     kwargs: Kwargs) -> Any:
+    async def _async(
+        self, nxt: AsyncNext, fn: Callable[..., Any], args: Args, kwargs: Kwargs,
+    ) -> Any:
         if nxt is ainvoke:
             return await self._achain(fn, args, kwargs)
         return await achain(self.policies, nxt)(fn, args, kwargs)
+    # unasync: end
+
+    # unasync: generated pipeline (python tools/unasync.py; do not edit)
+    def call(
+        self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs,
+    ) -> T:
+        result: T = self._chain(fn, args, kwargs)
+        return result
+
+    def _sync(
+        self, nxt: Next, fn: Callable[..., Any], args: Args, kwargs: Kwargs,
+    ) -> Any:
+        if nxt is invoke:
+            return self._chain(fn, args, kwargs)
+        return chain(self.policies, nxt)(fn, args, kwargs)
+    # unasync: end
 
     def add_listener(self, listener: Listener) -> None:
         """Receive the events of every policy in the pipeline."""

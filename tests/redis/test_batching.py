@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from redis.crc import key_slot
 
 from stormguard import (
     AsyncRateLimiter,
@@ -51,8 +52,7 @@ async def test_500_concurrent_callers_batched_with_unbatched_decisions(
     assert got2 == want2
     # one round trip per server: on a cluster, one per master owning these keys' slots
     servers = 1 if backend == "redis" else len({
-        store._sync_client().get_node_from_key(store.key(k, RULES[0])).name
-        for k in ("user:1", "user:2", "fresh")})
+        store.node_for(k, RULES[0]) for k in ("user:1", "user:2", "fresh")})
     assert store.round_trips == before + servers
     await limiter.aclose()
 
@@ -139,18 +139,19 @@ async def test_cluster_follows_moved_with_a_stale_slot_map(cluster_url: str) -> 
     limiter = AsyncRateLimiter(store)
     rule = RULES[0]
     assert (await limiter.hit("moved", rule)).remaining == 6
-    router = store._runner()
-    nodes = router.client.nodes_manager
-    slot = router.client.keyslot(store.key("moved", rule))
-    right = nodes.slots_cache[slot][0]
-    wrong = next(n for n in nodes.nodes_cache.values() if n.name != right.name)
-    nodes.slots_cache[slot] = [wrong]
+    transport = store.transport
+    router = transport._runner()
+    slot = key_slot(store.key("moved", rule).encode())
+    assert transport.slots is not None
+    right = transport.slots[slot]
+    wrong = next(n for n in transport.masters if n != right)
+    transport.slots[slot] = wrong
     ds = await asyncio.gather(*[limiter.hit("moved", rule) for _ in range(3)])
     assert [d.remaining for d in ds] == [5, 4, 3]
     assert not any(d.degraded for d in ds)
     if router.refreshing is not None:
         await router.refreshing
-    assert nodes.slots_cache[slot][0].name == right.name  # the map was reloaded
+    assert transport.slots[slot] == right  # the map was reloaded
     assert (await limiter.hit("moved", rule)).remaining == 2
     await limiter.aclose()
 
@@ -167,12 +168,11 @@ async def test_cluster_follows_ask_during_a_slot_migration() -> None:
         rule = RULES[0]
         assert (await limiter.hit("warm-up", rule)).allowed
         key = store.key("migrating", rule)
-        sync = store._sync_client()
-        slot = sync.keyslot(key)
-        source = sync.get_node_from_key(key)
-        target = next(n for n in sync.get_primaries() if n.name != source.name)
-        by_port = {n.port: n for n in cluster.nodes}
-        src, dst = by_port[source.port].client(), by_port[target.port].client()
+        slot = key_slot(key.encode())
+        source = store.node_for("migrating", rule)
+        target = next(n for n in store.transport.masters if n != source)
+        by_name = {f"127.0.0.1:{n.port}": n for n in cluster.nodes}
+        src, dst = by_name[source].client(), by_name[target].client()
         dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING",
                             src.execute_command("CLUSTER", "MYID"))
         src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING",

@@ -129,7 +129,7 @@ def test_probe_failure_reopens(srv: RedisServer, clock: FakeClock) -> None:
     assert store.breaker.state == "half_open"
     assert limiter.hit("k", RULE).degraded  # the probe fails
     assert store.breaker.state == "open"
-    assert store.breaker.trips == 1
+    assert store.breaker.opened == 2  # opened, then reopened by the failed probe
     store.close()
 
 
@@ -264,7 +264,7 @@ def test_deadline_clips_the_timeout(srv: RedisServer) -> None:
     assert store.hit("k", RULE).allowed
     with deadline.scope(0.0), pytest.raises(StorageError, match="deadline"):
         store.hit("k", RULE)
-    assert store.breaker.failures == 0  # a spent deadline says nothing about Redis
+    assert store.breaker.snapshot()[1] == 0  # a spent deadline says nothing about Redis
     srv.pause()
     t = time.perf_counter()
     with deadline.scope(0.02), pytest.raises(StorageError):
@@ -280,8 +280,7 @@ def test_cluster_deadline_clips_the_timeout() -> None:
         keys = [f"user:{i}" for i in range(40)]
         assert all(store.hit(k, RULE).allowed for k in keys)  # connections, slot map
         hung = cluster.nodes[0]
-        on_hung = [k for k in keys
-                   if store._sync_client().get_node_from_key(store.key(k, RULE)).port == hung.port]
+        on_hung = [k for k in keys if store.node_for(k, RULE) == f"127.0.0.1:{hung.port}"]
         elsewhere = [k for k in keys if k not in on_hung]
         assert len(on_hung) >= 2
         with deadline.scope(0.5):  # the clipped path answers like the normal one
@@ -316,8 +315,7 @@ async def test_cluster_with_one_master_down_degrades_only_its_keys() -> None:
         keys = [f"user:{i}" for i in range(60)]
         assert not any(limiter.hit(k, RULE).degraded for k in keys)
         dead = cluster.nodes[1]
-        on_dead = {k for k in keys
-                   if store._sync_client().get_node_from_key(store.key(k, RULE)).port == dead.port}
+        on_dead = {k for k in keys if store.node_for(k, RULE) == f"127.0.0.1:{dead.port}"}
         assert 0 < len(on_dead) < len(keys)
         dead.stop()
         t = time.perf_counter()
@@ -346,7 +344,7 @@ def test_a_lost_probe_does_not_wedge_the_breaker(srv: RedisServer, clock: FakeCl
     store, limiter = tripped(srv, clock)
     srv.restart()
     clock.advance(1.0)
-    store.breaker.before()  # a probe starts, and its outcome never arrives
+    store.breaker.acquire()  # a probe starts, and its outcome never arrives
     trips = store.round_trips
     assert limiter.hit("k", RULE).degraded  # others still fail fast meanwhile
     assert store.round_trips == trips
@@ -369,7 +367,7 @@ async def test_async_connection_survives_an_idle_restart(srv: RedisServer,
     srv.restart()
     await asyncio.sleep(0)
     assert not (await limiter.hit("k", RULE)).degraded  # a fresh connection, no failure
-    assert store.breaker.failures == 0
+    assert store.breaker.snapshot()[1] == 0
     srv.stop()
     d = await limiter.hit("k", RULE)
     assert d.degraded

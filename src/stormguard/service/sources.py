@@ -29,7 +29,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 from stormguard._core.errors import StorageError
 from stormguard.ratelimit.rules import RuleProblem, RulesError, RuleSet
@@ -279,31 +278,32 @@ return {1, new}
 """
 
 
-def redis_client(url: str, **options: Any) -> Any:
-    """A ``redis.asyncio`` client for a store URL (``redis://``, ``rediss://``, ``unix://``,
-    ``redis+cluster://h1:p1,h2:p2``)."""
-    import redis.asyncio as aredis
+def redis_transport(url: str, **options: Any) -> Any:
+    """The Redis transport for a store URL (``redis://``, ``rediss://``, ``unix://``,
+    ``redis+cluster://h1:p1,h2:p2``), built by the same code as the stores' from the same
+    URL and options: credentials, TLS, db and cluster routing are the store's."""
+    from stormguard.stores.redis import transport_for
 
-    parts = urlsplit(url)
-    if parts.scheme.endswith("+cluster"):
-        first = parts.netloc.rsplit("@", 1)[-1].split(",")[0]
-        host, _, port = first.rpartition(":")
-        return aredis.RedisCluster(host=host or "127.0.0.1", port=int(port or 6379),
-                                   ssl=parts.scheme.startswith("rediss"), **options)
-    return aredis.Redis.from_url(url, **options)
+    return transport_for(url, **options)
 
 
 class RedisRules(RulesSource):
     """Rules shared by every instance through one Redis hash."""
 
     def __init__(self, url: str, *, prefix: str = "stormguard", seed: RuleSet | None = None,
-                 poll_interval: float = 0.25, timeout: float = 1.0) -> None:
+                 poll_interval: float = 0.25, timeout: float = 1.0, **options: Any) -> None:
+        """``options``: redis-py connection options, as for the stores (``ssl_ca_certs``...)."""
+        from stormguard.stores.redis import Command, register
+
         super().__init__(RuleSet())
         self.url = url
         self.key = f"{prefix}:rules"
         self.seed = seed
         self.poll_interval = poll_interval
-        self._client = redis_client(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        self._transport = redis_transport(url, timeout=timeout, **options)
+        self._script = register("stormguard.rules.cas", _CAS)
+        self._hget_version = Command.of("HGET", self.key, "version", key=self.key)
+        self._hmget = Command.of("HMGET", self.key, "version", "doc", key=self.key)
 
     async def start(self) -> None:
         if self.seed is not None:
@@ -320,13 +320,14 @@ class RedisRules(RulesSource):
     async def stop(self) -> None:
         await super().stop()
         with contextlib.suppress(Exception):
-            await self._client.aclose()
+            await self._transport.aclose()
 
     async def _cas(self, expected: int, rules: RuleSet) -> int:
         doc = json.dumps([r.to_dict(full=False) for r in rules.rules])
         try:
-            ok, version = await self._client.eval(_CAS, 1, self.key, expected, doc)
-        except Exception as exc:  # redis errors of every kind become StorageError
+            ok, version = await self._transport.acall(
+                self._script.command([self.key], [expected, doc]))
+        except StorageError as exc:  # every transport failure is a StorageError
             raise StorageError(f"rules in Redis: {exc}") from exc
         if not ok:
             raise _Conflict(int(version))
@@ -334,11 +335,11 @@ class RedisRules(RulesSource):
 
     async def refresh(self) -> bool:
         try:
-            raw = await self._client.hget(self.key, "version")
+            raw = await self._transport.acall(self._hget_version)
             if raw is None or int(raw) == self.current.version:
                 return False
-            version, doc = await self._client.hmget(self.key, ["version", "doc"])
-        except Exception as exc:
+            version, doc = await self._transport.acall(self._hmget)
+        except StorageError as exc:
             raise StorageError(f"rules in Redis: {exc}") from exc
         try:  # in a thread: validating 10,000 rules takes a second of CPU
             new = await asyncio.to_thread(

@@ -1,0 +1,394 @@
+"""The rate-limit stores on Redis: keys, script arguments, decisions (the only rate-limit
+code of the package; the transport carries the commands).
+
+One Lua script evaluates every algorithm (``lua/*.lua``, one file per algorithm,
+concatenated at load time, registered as :data:`SCRIPT_NAME`); every ``hit``, ``peek``
+and ``hit_all`` is exactly one ``EVALSHA`` round trip (plus one more the first time a
+server lacks the script).
+
+* Keys: ``{prefix}:{<tag>}:<rule id>`` where ``<tag>`` is a 128-bit BLAKE2b digest of the
+  user key. The digest is the cluster hash tag, so all rules of one key share a slot,
+  braces in user keys never act as hash tags, and a user key cannot pick a slot or
+  collide with another key.
+* Time: the server's ``TIME`` by default (``time_source="server"``), or the store
+  clock's wall time (``time_source="client"``, for deterministic tests).
+* Every failure is a :class:`~stormguard.StorageError`. The store's breaker
+  (:class:`~stormguard._core.breaker.BreakerMachine`, one per cluster master) opens
+  after ``breaker_threshold`` consecutive failures, then refuses calls with
+  :class:`~stormguard.StorageCircuitOpen` for ``breaker_cooldown`` seconds before one
+  probe; it reports ``StateChanged`` / ``CallRejected`` events to the store's listeners.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any, Literal
+
+from stormguard._core import validate
+from stormguard._core.breaker import BreakerMachine
+from stormguard._core.clock import Clock, system_clock
+from stormguard._core.errors import ConfigError, StorageCircuitOpen, StorageError
+from stormguard.observability.events import (
+    CallRejected,
+    Listener,
+    StateChanged,
+    emit,
+    observed,
+)
+from stormguard.ratelimit.decision import Decision
+from stormguard.ratelimit.rule import Rule
+from stormguard.stores.base import Store, binding, check_cost, check_rules, key_error
+from stormguard.stores.redis import scripts
+from stormguard.stores.redis.cluster import ClusterTransport
+from stormguard.stores.redis.transport import Command, RedisTransport, Transport
+
+__all__ = ["SCRIPT", "SCRIPT_NAME", "RedisClusterStore", "RedisStore", "load_script"]
+
+TimeSource = Literal["server", "client"]
+
+_LUA_FILES = (
+    "prelude.lua",
+    "fixed_window.lua",
+    "sliding_window_counter.lua",
+    "sliding_window_log.lua",
+    "token_bucket.lua",
+    "gcra.lua",
+    "leaky_bucket.lua",
+    "main.lua",
+)
+_CODES = {
+    "fixed_window": "fw",
+    "sliding_window_counter": "swc",
+    "sliding_window_log": "swl",
+    "token_bucket": "tb",
+    "gcra": "gcra",
+    "leaky_bucket": "lb",
+}
+
+
+def load_script() -> str:
+    """The rate-limit script: the prelude, the six algorithms and the entry point."""
+    lua = resources.files("stormguard.stores.redis") / "lua"
+    return "\n".join(lua.joinpath(name).read_text(encoding="utf-8") for name in _LUA_FILES)
+
+
+SCRIPT_NAME = "stormguard.ratelimit"
+SCRIPT = load_script()
+_RATELIMIT = scripts.register(SCRIPT_NAME, SCRIPT)
+
+
+def _rule_args(rule: Rule) -> tuple[str, int, int, int]:
+    """The script arguments of one rule, after checking the Lua arithmetic stays exact."""
+    a = rule._algo
+    n, w, b = a.N, a.W, a.B
+    code = _CODES[a.name]
+    # the largest intermediate value of the script is about capacity x window (+ limit)
+    if code not in ("fw", "swl"):
+        validate.exact("rule", str(rule), b * w + n,
+                       "capacity x window in microseconds (use a shorter window or a "
+                       "smaller limit)")
+    return (code, n, w, b)
+
+
+_TAGS: dict[str, str] = {}
+_TAGS_MAX = 1 << 16
+
+
+def _tag(key: str) -> str:
+    """The hash tag of a user key: 128-bit BLAKE2b in hex (memoised for hot keys)."""
+    tag = _TAGS.get(key)
+    if tag is None:
+        tag = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+        if len(_TAGS) >= _TAGS_MAX:
+            _TAGS.clear()
+        if len(key) <= 256:
+            _TAGS[key] = tag
+    return tag
+
+
+def _bulk(value: bytes) -> bytes:
+    return b"$%d\r\n%s\r\n" % (len(value), value)
+
+
+def _reject(name: str, reason: str, remaining: float) -> BaseException:
+    what = "half-open (probe in flight)" if reason == "half_open_full" else "open"
+    return StorageCircuitOpen(f"redis circuit breaker {name!r} is {what}",
+                              remaining=remaining, name=name)
+
+
+_PING = Command.of("PING")
+
+
+class _RedisStore(Store):
+    """Shared logic: options, keys, arguments, decisions, breakers and their events."""
+
+    transport: Transport
+
+    def __init__(self, url: str, *, prefix: str = "stormguard",
+                 time_source: TimeSource = "server", clock: Clock | None = None,
+                 timeout: float = 0.05, connect_timeout: float | None = None,
+                 breaker_threshold: int = 5, breaker_cooldown: float = 1.0,
+                 max_connections: int = 64, ttl_slack: float | None = None,
+                 listeners: Sequence[Listener] = (), **client_options: Any) -> None:
+        validate.text("prefix", prefix, forbid="{}")
+        validate.one_of("time_source", time_source, ("server", "client"))
+        self.timeout = validate.number("timeout", timeout)
+        self.connect_timeout = (self.timeout if connect_timeout is None
+                                else validate.number("connect_timeout", connect_timeout))
+        self.breaker_threshold = validate.integer("breaker_threshold", breaker_threshold,
+                                                  maximum=10)
+        self.breaker_cooldown = validate.number("breaker_cooldown", breaker_cooldown)
+        self.max_connections = validate.integer("max_connections", max_connections)
+        if ttl_slack is None:
+            ttl_slack = 1.0 if time_source == "client" else 0.0
+        self.ttl_slack = validate.number("ttl_slack", ttl_slack, allow_zero=True)
+        self._slack_ms = round(self.ttl_slack * 1000)
+        self.url = url
+        self.prefix = prefix
+        self.time_source: TimeSource = time_source
+        self.clock = clock if clock is not None else system_clock
+        self.client_options = client_options
+        self._listeners: list[Listener] = list(listeners)
+        self._rule_args: dict[str, tuple[str, int, int, int]] = {}
+        self._packs: dict[tuple[Any, int, bool], tuple[bytes, list[bytes], bytes]] = {}
+        self._key_head = f"{self.prefix}:{{".encode()
+
+    def _transport_options(self) -> dict[str, Any]:
+        return {"timeout": self.timeout, "connect_timeout": self.connect_timeout,
+                "max_connections": self.max_connections, "clock": self.clock,
+                "breakers": self._breaker_for, **self.client_options}
+
+    # -- breakers and events -------------------------------------------------------------
+    def _make_breaker(self, name: str) -> BreakerMachine:
+        """N consecutive failures open it for the cool-down; then one probe."""
+        n, cooldown = self.breaker_threshold, self.breaker_cooldown
+        return BreakerMachine(window=n, failure_rate=1.0, min_calls=n, half_open_calls=1,
+                              open_for=cooldown, probe_lease=cooldown, name=name,
+                              clock=self.clock, reject=functools.partial(_reject, name),
+                              on_change=functools.partial(self._changed, name),
+                              on_reject=functools.partial(self._rejected, name))
+
+    def _breaker_for(self, node: str) -> BreakerMachine | None:
+        raise NotImplementedError
+
+    def _changed(self, name: str, old: str, new: str, now: float) -> None:
+        if observed(self._listeners):
+            emit(self._listeners, StateChanged(name, now, old, new))
+
+    def _rejected(self, name: str, reason: str, remaining: float, now: float) -> None:
+        if observed(self._listeners):
+            emit(self._listeners, CallRejected(name, now, reason, remaining))
+
+    def add_listener(self, listener: Listener) -> None:
+        """Receive this store's breaker events (``StateChanged``, ``CallRejected``)."""
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        """Stop a listener (ValueError if absent)."""
+        self._listeners.remove(listener)
+
+    @property
+    def round_trips(self) -> int:
+        """Network round trips made (a pipelined batch counts once)."""
+        return self.transport.round_trips
+
+    # -- building the command --------------------------------------------------------------
+    def key(self, key: str, rule: Rule) -> str:
+        """The Redis key holding ``key``'s counters under ``rule``."""
+        return f"{self.prefix}:{{{_tag(key)}}}:{rule._id}"
+
+    def _args(self, rule: Rule) -> tuple[str, int, int, int]:
+        a = self._rule_args.get(rule._id)
+        if a is None:
+            a = self._rule_args[rule._id] = _rule_args(rule)
+        return a
+
+    def _command(self, key: str, rules: Sequence[Rule], cost: int, consume: bool) -> Command:
+        """The EVALSHA of the rate-limit script, routed by its first key. Everything but
+        the key tag and the time is packed once per (rules, cost, consume) and reused."""
+        if type(key) is not str:
+            raise key_error(key)
+        ck = (rules[0]._id if len(rules) == 1 else tuple(r._id for r in rules), cost, consume)
+        parts = self._packs.get(ck)
+        if parts is None:
+            if len(self._packs) > 4096:
+                self._packs.clear()
+            parts = self._packs[ck] = self._parts(rules, cost, consume)
+        head, suffixes, tail = parts
+        kb = self._key_head + _tag(key).encode()
+        if self.time_source == "server":
+            now = b"$0\r\n\r\n"
+        else:
+            now = _bulk(b"%d" % int(self.clock.wall() * 1_000_000 + 0.5))
+        keys = b"".join([b"$%d\r\n%s%s\r\n" % (len(kb) + len(m), kb, m) for m in suffixes])
+        return Command(head + keys + now + tail, kb + suffixes[0], SCRIPT_NAME)
+
+    def _parts(self, rules: Sequence[Rule], cost: int,
+               consume: bool) -> tuple[bytes, list[bytes], bytes]:
+        n = len(rules)
+        head = b"*%d\r\n%s%s%s" % (3 + n + 4 + 4 * n, _bulk(b"EVALSHA"),
+                                    _bulk(_RATELIMIT.sha.encode()), _bulk(b"%d" % n))
+        suffixes = [f"}}:{r._id}".encode() for r in rules]
+        tail = [_bulk(b"%d" % cost), _bulk(b"1" if consume else b"0"),
+                _bulk(b"%d" % self._slack_ms)]
+        for r in rules:
+            tail += [_bulk(str(a).encode()) for a in self._args(r)]
+        return head, suffixes, b"".join(tail)
+
+    def _prepare(self, key: str, rule: Rule, cost: int, consume: bool) -> Command:
+        if cost != 1 or type(cost) is not int:  # True and 1.0 equal 1: rejected all the same
+            check_cost(rule, cost)
+        return self._command(key, (rule,), cost, consume)
+
+    @staticmethod
+    def _decision(reply: Any, rules: Sequence[Rule]) -> Decision:
+        if len(rules) == 1:
+            r = rules[0]
+            return Decision(reply[1] == 1, r._algo.B, reply[2], reply[3] / 1e6,
+                            reply[4] / 1e6, r)
+        decisions = []
+        for i, r in enumerate(rules):
+            j = 1 + 4 * i
+            decisions.append(Decision(reply[j] == 1, r._algo.B, reply[j + 1],
+                                      reply[j + 2] / 1e6, reply[j + 3] / 1e6, r))
+        return binding(decisions)
+
+    def _reset_command(self, key: str, rule: Rule | Sequence[Rule]) -> Command | None:
+        if type(key) is not str:
+            raise key_error(key)
+        rules = (rule,) if isinstance(rule, Rule) else tuple(rule)
+        keys = [self.key(key, r) for r in rules]
+        return Command.of("DEL", *keys, key=keys[0]) if keys else None  # one slot
+
+    # -- blocking ----------------------------------------------------------------------
+    def hit(self, key: str, rule: Rule, cost: int = 1) -> Decision:
+        return self._decision(self.transport.call(self._prepare(key, rule, cost, True)),
+                              (rule,))
+
+    def peek(self, key: str, rule: Rule, cost: int = 1) -> Decision:
+        return self._decision(self.transport.call(self._prepare(key, rule, cost, False)),
+                              (rule,))
+
+    def hit_all(self, key: str, rules: Sequence[Rule], cost: int = 1) -> Decision:
+        rules = check_rules(rules, cost)
+        return self._decision(self.transport.call(self._command(key, rules, cost, True)),
+                              rules)
+
+    def reset(self, key: str, rule: Rule | Sequence[Rule]) -> None:
+        command = self._reset_command(key, rule)
+        if command is not None:
+            self.transport.call(command)
+
+    def ping(self) -> bool:
+        try:
+            self.transport.call(_PING)
+        except StorageError:
+            return False
+        return True
+
+    def close(self) -> None:
+        self.transport.close()
+
+    # -- asyncio: coalesced pipelines --------------------------------------------------------
+    async def ahit(self, key: str, rule: Rule, cost: int = 1) -> Decision:
+        return self._decision(await self.transport.acall(self._prepare(key, rule, cost, True)),
+                              (rule,))
+
+    async def apeek(self, key: str, rule: Rule, cost: int = 1) -> Decision:
+        return self._decision(
+            await self.transport.acall(self._prepare(key, rule, cost, False)), (rule,))
+
+    async def ahit_all(self, key: str, rules: Sequence[Rule], cost: int = 1) -> Decision:
+        rules = check_rules(rules, cost)
+        return self._decision(
+            await self.transport.acall(self._command(key, rules, cost, True)), rules)
+
+    async def areset(self, key: str, rule: Rule | Sequence[Rule]) -> None:
+        command = self._reset_command(key, rule)
+        if command is not None:
+            await self.transport.acall(command)
+
+    async def aping(self) -> bool:
+        try:
+            await self.transport.acall(_PING)
+        except StorageError:
+            return False
+        return True
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.url!r}, prefix={self.prefix!r}, "
+                f"time_source={self.time_source!r}, timeout={self.timeout})")
+
+
+class RedisStore(_RedisStore):
+    """Counters on one Redis server (``redis://``, ``rediss://``, ``unix://``).
+
+    ``store.breaker`` is the store's breaker (``.state``: ``"closed"``, ``"open"``,
+    ``"half_open"``; ``.opened``: how many times it opened).
+
+    >>> store = RedisStore.from_url("redis://127.0.0.1:6379/0")  # doctest: +SKIP
+    """
+
+    def __init__(self, url: str = "redis://127.0.0.1:6379/0", **options: Any) -> None:
+        super().__init__(url, **options)
+        self.transport: RedisTransport = RedisTransport.from_url(
+            url, **self._transport_options())
+        self.breaker = self._make_breaker(f"redis:{self.transport.endpoint.name}")
+        self.transport.breaker = self.breaker
+
+    def _breaker_for(self, node: str) -> BreakerMachine | None:
+        return getattr(self, "breaker", None)
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RedisStore:
+        """``redis://[[user]:password@]host:port/db``, ``rediss://...``,
+        ``unix:///path?db=0``; options as for the constructor (``prefix``,
+        ``time_source``, ``clock``, ``timeout``, ``connect_timeout``,
+        ``breaker_threshold``, ``breaker_cooldown``, ``max_connections``, ``ttl_slack``,
+        ``listeners``, plus redis-py connection options)."""
+        return cls(url, **options)
+
+
+class RedisClusterStore(_RedisStore):
+    """Counters on a Redis Cluster (``redis+cluster://h1:p1,h2:p2``). All rules of one
+    user key live in one slot, so ``hit_all`` is still one script on one node.
+
+    ``store.breakers["host:port"]`` is each master's breaker (a sick node fails fast
+    while the others keep answering); ``store.breaker`` guards reaching the cluster at
+    all (loading its slot map)."""
+
+    def __init__(self, url: str, **options: Any) -> None:
+        super().__init__(url, **options)
+        self.breaker = self._make_breaker("redis-cluster")
+        self.breakers: dict[str, BreakerMachine] = {}
+        try:
+            self.transport: ClusterTransport = ClusterTransport.from_url(
+                url, **self._transport_options())
+        except (ValueError, TypeError) as exc:
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError("url", url, f"not a usable Redis Cluster URL: {exc}") from None
+
+    def _breaker_for(self, node: str) -> BreakerMachine | None:
+        if not node:
+            return self.breaker
+        b = self.breakers.get(node)
+        if b is None:
+            b = self.breakers.setdefault(node, self._make_breaker(f"redis-cluster:{node}"))
+        return b
+
+    def node_for(self, key: str, rule: Rule) -> str:
+        """The master (``host:port``) holding ``key``'s counters under ``rule``."""
+        return self.transport.node_for(self.key(key, rule))
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RedisClusterStore:
+        """``redis+cluster://[user:password@]h1:p1,h2:p2`` (``rediss+cluster://`` for TLS);
+        options as for :class:`RedisStore`."""
+        return cls(url, **options)

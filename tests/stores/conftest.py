@@ -106,21 +106,34 @@ class Backend:
         return f"Backend({self.kind}, {self.mode})"
 
 
-_KEPT: dict[int, redis.Redis] = {}
+class KeptClients:
+    """One kept connection per server for the session (a new one per test costs 5 ms)."""
+
+    def __init__(self) -> None:
+        self.clients: dict[int, redis.Redis] = {}
+
+    def __call__(self, server: RedisServer) -> redis.Redis:
+        client = self.clients.get(server.port)
+        if client is None:
+            client = self.clients[server.port] = server.client()
+        return client
+
+    def flush(self, cluster: RedisCluster) -> None:
+        """Empty every master of ``cluster``."""
+        for node in cluster.nodes:
+            self(node).flushall()
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.close()
+        self.clients.clear()
 
 
-def kept_client(server: RedisServer) -> redis.Redis:
-    """One kept connection per server (a new one per test costs 5 ms)."""
-    client = _KEPT.get(server.port)
-    if client is None:
-        client = _KEPT[server.port] = server.client()
-    return client
-
-
-def flush_cluster(cluster: RedisCluster) -> None:
-    """Empty every master."""
-    for node in cluster.nodes:
-        kept_client(node).flushall()
+@pytest.fixture(scope="session")
+def kept() -> Iterator[KeptClients]:
+    clients = KeptClients()
+    yield clients
+    clients.close()
 
 
 @pytest.fixture(params=BACKENDS)
@@ -134,27 +147,27 @@ def mode(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def url(kind: str, request: pytest.FixtureRequest) -> str:
+def url(kind: str, kept: KeptClients, request: pytest.FixtureRequest) -> str:
     """The backend's URL, its servers emptied ("" for memory)."""
     if kind == "redis":
         return str(request.getfixturevalue("redis_url"))  # flushed
     if kind == "cluster":
         cluster: RedisCluster = request.getfixturevalue("redis_cluster")
-        flush_cluster(cluster)
+        kept.flush(cluster)
         return cluster.url
     return ""
 
 
 @pytest.fixture
-def backend(kind: str, mode: str, url: str, clock: FakeClock,
+def backend(kind: str, mode: str, url: str, clock: FakeClock, kept: KeptClients,
             request: pytest.FixtureRequest) -> Iterator[Backend]:
     """A fresh store (empty servers) of each backend, driven sync and async."""
     b = Backend(kind, mode, url, clock)
     if kind == "redis":
         server: RedisServer = request.getfixturevalue("redis_server")
-        b.clients = [kept_client(server)]
+        b.clients = [kept(server)]
     elif kind == "cluster":
         cluster: RedisCluster = request.getfixturevalue("redis_cluster")
-        b.clients = [kept_client(n) for n in cluster.nodes]
+        b.clients = [kept(n) for n in cluster.nodes]
     yield b
     b.close()

@@ -1,9 +1,10 @@
 """Build hook: compile the rate-limiting hot path with mypyc when a C compiler is present.
 
-``stormguard.ratelimit.algorithms`` and ``stormguard.stores.memory`` are compiled into one
-mypyc group (they call each other natively). Wheels get the extension modules and
-a manifest of the sources' SHA-256 (``stormguard/_speedups.json``); editable
-installs get them next to the sources in ``src/`` (ignored by git). At import,
+The ``stormguard.ratelimit.algorithms`` package (every module of it) and
+``stormguard.stores.memory`` are compiled into one mypyc group (they call each other
+natively). Wheels get the extension modules and a manifest of the sources' SHA-256
+(``stormguard/_speedups.json``); editable installs get them next to the sources in
+``src/`` (ignored by git). At import,
 ``stormguard._speedups`` uses them only if the sources are unchanged, so editing a
 ``.py`` file in a checkout can never run stale compiled code.
 
@@ -24,6 +25,10 @@ from typing import Any
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 MODULES = {
+    "stormguard.ratelimit.algorithms.base": "src/stormguard/ratelimit/algorithms/base.py",
+    "stormguard.ratelimit.algorithms.windows": "src/stormguard/ratelimit/algorithms/windows.py",
+    "stormguard.ratelimit.algorithms.log": "src/stormguard/ratelimit/algorithms/log.py",
+    "stormguard.ratelimit.algorithms.buckets": "src/stormguard/ratelimit/algorithms/buckets.py",
     "stormguard.ratelimit.algorithms": "src/stormguard/ratelimit/algorithms/__init__.py",
     "stormguard.stores.memory": "src/stormguard/stores/memory.py",
 }

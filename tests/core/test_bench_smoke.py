@@ -47,6 +47,15 @@ def test_memory_benchmark(monkeypatch: pytest.MonkeyPatch,
     assert len(rows) == 8
 
 
+def test_instruction_count_benchmark(monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The process it measures runs (the valgrind driver itself takes a minute: not here)."""
+    for path in ("allowed", "denied"):
+        run_script(ROOT / "bench" / "instructions.py", ["--child", "gcra", path, "50"],
+                   monkeypatch)
+        assert capsys.readouterr().out.startswith(("compiled", "pure Python"))
+
+
 def test_demo_runs(capsys: pytest.CaptureFixture[str]) -> None:
     from stormguard.demo import main
 

@@ -3,8 +3,8 @@ compiled one is used only when it was built from the sources in the tree."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.machinery
-import importlib.util
 import json
 import os
 import random
@@ -26,14 +26,27 @@ from tests.core.util import ALGORITHMS
 ROOT = Path(__file__).resolve().parents[2]
 
 
+ALGORITHM_MODULES = tuple(m for m in _speedups.COMPILED_MODULES
+                          if m.startswith("stormguard.ratelimit.algorithms"))
+
+
 def load_pure_algorithms() -> ModuleType:
-    """``stormguard.ratelimit.algorithms`` from its .py file, under another name."""
-    path = _speedups.source_path("stormguard.ratelimit.algorithms")
-    spec = importlib.util.spec_from_file_location("_pure_stormguard_algorithms", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    """``stormguard.ratelimit.algorithms`` (the package and its modules) from the .py files,
+    whether or not compiled ones are in use: imported afresh through the source-only
+    finder, then the modules in use are put back (the pure ones keep each other)."""
+    saved = {name: sys.modules.pop(name) for name in ALGORITHM_MODULES if name in sys.modules}
+    finder = _speedups._SourceOnlyFinder(ALGORITHM_MODULES)
+    sys.meta_path.insert(0, finder)
+    try:
+        module = importlib.import_module("stormguard.ratelimit.algorithms")
+    finally:
+        sys.meta_path.remove(finder)
+        for name in ALGORITHM_MODULES:
+            sys.modules.pop(name, None)
+        sys.modules.update(saved)
+        for name, mod in saved.items():  # the import also rebound the parent's attribute
+            parent, _, child = name.rpartition(".")
+            setattr(sys.modules[parent], child, mod)
     return module
 
 
@@ -43,10 +56,17 @@ PURE = load_pure_algorithms()
 def test_status_is_reported() -> None:
     assert _speedups.STATUS.startswith(("compiled", "pure Python ("))
     assert _speedups.compiled() == _speedups.STATUS.startswith("compiled")
-    origin = algorithms.__file__ or ""
-    assert origin.endswith(".py") != _speedups.compiled(), (origin, _speedups.STATUS)
-    assert PURE.__file__ is not None
-    assert PURE.__file__.endswith(".py")
+    for name in _speedups.COMPILED_MODULES:
+        origin = sys.modules[name].__file__ or ""
+        assert origin.endswith(".py") != _speedups.compiled(), (origin, _speedups.STATUS)
+    assert PURE is not algorithms
+    assert sys.modules["stormguard.ratelimit.algorithms"] is algorithms
+    assert sys.modules["stormguard.ratelimit"].algorithms is algorithms
+    for cls in PURE.ALGORITHMS.values():
+        module = getattr(PURE, cls.__module__.rpartition(".")[2])
+        assert module is not sys.modules[cls.__module__]
+        assert (module.__file__ or "").endswith(".py"), module
+        assert cls is not algorithms.ALGORITHMS[cls.name]
 
 
 steps = st.lists(
@@ -69,6 +89,7 @@ def test_compiled_and_pure_algorithms_agree(algo: str, limit: int, window_us: in
     fast = algorithms.ALGORITHMS[algo](limit, window_us, burst)
     pure = PURE.ALGORITHMS[algo](limit, window_us, burst)
     fast_entry, pure_entry = fast.fresh(), pure.fresh()
+    state: Any = None
     now = start
     for step, cost, consume in trace:
         now += step
@@ -78,6 +99,13 @@ def test_compiled_and_pure_algorithms_agree(algo: str, limit: int, window_us: in
         assert got == want
         assert fast_entry == pure_entry
         assert fast.decide(None, now, c, consume) == pure.decide(None, now, c, consume)
+        decided = fast.decide(state, now, c, consume)
+        assert decided == pure.decide(state, now, c, consume)
+        if fast.reservable:
+            wait = step % 3_000_000
+            assert fast.reserve(state, now, c, wait, consume) == \
+                pure.reserve(state, now, c, wait, consume)
+        state = decided[1]
 
 
 def random_cases(seed: int, count: int) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from stormguard import ConfigError, RedisClusterStore, RedisStore, Rule
+from stormguard import ConfigError, RedisClusterStore, RedisStore, Rule, _speedups
 from stormguard.ratelimit.algorithms import ALGORITHMS
 from stormguard.stores.redis import SCRIPT
 from stormguard.testing import FakeClock
@@ -25,10 +25,11 @@ def test_lua_files_are_package_data() -> None:
     lua = importlib.resources.files("stormguard.stores.redis") / "lua"
     names = sorted(p.name for p in lua.iterdir() if p.name.endswith(".lua"))
     assert names == ["fixed_window.lua", "gcra.lua", "leaky_bucket.lua", "main.lua",
-                     "prelude.lua", "sliding_window_counter.lua", "sliding_window_log.lua",
-                     "token_bucket.lua"]
+                     "prelude.lua", "reserve.lua", "sliding_window_counter.lua",
+                     "sliding_window_log.lua", "token_bucket.lua"]
     for name in names:
-        assert lua.joinpath(name).read_text(encoding="utf-8") in SCRIPT
+        if name != "reserve.lua":  # the reservation's entry point (test_reserve_lua.py)
+            assert lua.joinpath(name).read_text(encoding="utf-8") in SCRIPT
 
 
 @pytest.mark.parametrize("algo", ALGOS)
@@ -174,10 +175,14 @@ def test_wheel_holds_the_lua_scripts_and_the_compiled_hot_path(tmp_path: Path) -
     # the build compiled the hot path (hatch_build.py): extension modules, their manifest,
     # the sources they were built from, and a platform tag
     assert "stormguard/_speedups.json" in names
-    for stem in ("stormguard__mypyc.", "stormguard/ratelimit/algorithms/__init__.",
-                 "stormguard/stores/memory."):
-        assert any(n.startswith(stem) and n.endswith(".so") for n in names), stem
-    assert "stormguard/ratelimit/algorithms/__init__.py" in names
+    top = Path(_speedups.__file__).resolve().parents[1]
+    compiled = [_speedups.source_path(m).relative_to(top).with_suffix("").as_posix()
+                for m in _speedups.COMPILED_MODULES]
+    assert "stormguard/ratelimit/algorithms/buckets" in compiled
+    for stem in ("stormguard__mypyc", *compiled):
+        assert any(n.startswith(stem + ".") and n.endswith(".so") for n in names), stem
+    for stem in compiled:
+        assert f"{stem}.py" in names
     assert not wheel.name.endswith("-none-any.whl"), wheel.name
 
 

@@ -13,7 +13,7 @@ import re
 
 from stormguard._core.errors import ConfigError
 
-__all__ = ["EXACT", "UNITS", "duration", "exact", "integer", "number", "one_of", "text"]
+__all__ = ["EXACT", "UNITS", "boolean", "duration", "exact", "integer", "number", "one_of", "text"]
 
 #: Integers below this survive a round trip through an IEEE double (Lua's numbers).
 EXACT = 2**53
@@ -112,3 +112,10 @@ def exact(field: str, value: object, largest: int, what: str) -> None:
     if largest >= EXACT:
         raise ConfigError(field, value, f"too large for exact arithmetic on Redis: {what} "
                           f"must stay below 2**53 ({EXACT:.3e})")
+
+
+def boolean(field: str, value: object) -> bool:
+    """``True`` or ``False`` (no other truthy or falsy value)."""
+    if value is not True and value is not False:
+        raise ConfigError(field, value, "must be true or false")
+    return value

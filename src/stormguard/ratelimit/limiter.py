@@ -6,6 +6,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+from stormguard._core import validate
 from stormguard._core.errors import ConfigError, StorageError
 from stormguard.ratelimit.decision import Decision
 from stormguard.ratelimit.rule import Rule
@@ -31,17 +32,12 @@ class _Base:
                               "only apply when the store is given as a URL")
         if not isinstance(store, Store):
             raise ConfigError("store", store, "must be a stormguard Store or a store URL")
-        if on_error not in _ON_ERROR:
-            raise ConfigError("on_error", on_error, f"must be one of {list(_ON_ERROR)}")
-        if isinstance(local_share, bool) or not isinstance(local_share, int | float) \
-                or not 0 < local_share <= 1:
-            raise ConfigError("local_share", local_share, "must be a number in (0, 1]")
-        if not isinstance(deny_retry_after, int | float) or deny_retry_after < 0:
-            raise ConfigError("deny_retry_after", deny_retry_after, "must be >= 0 seconds")
+        validate.one_of("on_error", on_error, _ON_ERROR)
         self.store = store
         self.on_error: OnError = on_error
-        self.local_share = float(local_share)
-        self.deny_retry_after = float(deny_retry_after)
+        self.local_share = validate.number("local_share", local_share, maximum=1.0)
+        self.deny_retry_after = validate.number("deny_retry_after", deny_retry_after,
+                                                allow_zero=True)
         self.on_degraded = on_degraded
         self.degraded_count = 0
         """How many decisions were answered by ``on_error`` instead of the store."""

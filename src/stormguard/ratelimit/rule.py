@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from stormguard._core import validate
 from stormguard._core.errors import ConfigError
 from stormguard.ratelimit.algorithms import ALGORITHMS, Algorithm
 
@@ -14,18 +14,6 @@ __all__ = ["DEFAULT_ALGORITHM", "Rule"]
 
 DEFAULT_ALGORITHM = "sliding_window_counter"
 _BUCKET_DEFAULT = "token_bucket"
-
-_UNITS: dict[str, float] = {}
-for _names, _secs in (
-    (("ms", "millisecond", "milliseconds", "msec"), 0.001),
-    (("s", "sec", "secs", "second", "seconds"), 1.0),
-    (("m", "min", "mins", "minute", "minutes"), 60.0),
-    (("h", "hr", "hrs", "hour", "hours"), 3600.0),
-    (("d", "day", "days"), 86400.0),
-    (("w", "week", "weeks"), 604800.0),
-):
-    for _n in _names:
-        _UNITS[_n] = _secs
 
 _PARSE = re.compile(
     r"""^\s*(?P<limit>\d+)\s*(?:/|\bper\b)\s*
@@ -35,14 +23,6 @@ _PARSE = re.compile(
 )
 
 _MAX_WINDOW = 366 * 86400.0
-
-
-def _check_int(fieldname: str, value: object, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(fieldname, value, "must be an integer")
-    if value < minimum:
-        raise ConfigError(fieldname, value, f"must be >= {minimum}")
-    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,15 +48,9 @@ class Rule:
     _id: str = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        limit = _check_int("limit", self.limit)
-        window = self.window
-        if isinstance(window, bool) or not isinstance(window, int | float):
-            raise ConfigError("window", window, "must be a number of seconds")
-        if not math.isfinite(window) or window < 0.001:
-            raise ConfigError("window", window, "must be a finite number of seconds >= 0.001")
-        if window > _MAX_WINDOW:
-            raise ConfigError("window", window,
-                              f"must be at most {_MAX_WINDOW:.0f} seconds (a year)")
+        limit = validate.integer("limit", self.limit)
+        window = validate.number("window", self.window, minimum=0.001, allow_zero=True,
+                                 maximum=_MAX_WINDOW)
         algorithm = self.algorithm
         if algorithm is None:
             algorithm = _BUCKET_DEFAULT if self.burst is not None else DEFAULT_ALGORITHM
@@ -88,16 +62,16 @@ class Rule:
             )
         burst = self.burst
         if burst is not None:
-            _check_int("burst", burst)
+            validate.integer("burst", burst)
             if not cls.uses_burst:
                 raise ConfigError(
                     "burst", burst,
                     f"{algorithm} has no burst; use token_bucket, gcra or leaky_bucket",
                 )
-        if self.name is not None and (not isinstance(self.name, str) or not self.name):
-            raise ConfigError("name", self.name, "must be a non-empty string")
+        if self.name is not None:
+            validate.text("name", self.name)
         window_us = round(window * 1_000_000)
-        algo = cls(limit, window_us, burst if burst is not None else limit, self)
+        algo = cls(limit, window_us, burst if burst is not None else limit)
         object.__setattr__(self, "_algo", algo)
         rid = f"{algorithm}:{limit}:{window_us}:{algo.B}"
         if self.name:
@@ -131,7 +105,7 @@ class Rule:
             raise ConfigError("rule", text, "cannot parse; expected forms like '100/minute', "
                               "'5 per 2 seconds' or '100/minute burst 150'")
         unit = m["unit"].lower()
-        secs = _UNITS.get(unit)
+        secs = validate.UNITS.get(unit)
         if secs is None:
             raise ConfigError("rule", text, f"unknown time unit {unit!r}; expected one of "
                               "ms, second, minute, hour, day, week")

@@ -6,14 +6,21 @@ import abc
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from stormguard._core import validate
 from stormguard._core.errors import ConfigError
+from stormguard.ratelimit.algorithms.base import NOT_RESERVABLE
 
 if TYPE_CHECKING:
     from stormguard._core.clock import Clock
     from stormguard.ratelimit.decision import Decision
+    from stormguard.ratelimit.reservation import Reservation
     from stormguard.ratelimit.rule import Rule
 
-__all__ = ["Store", "binding", "check_cost", "check_rules", "key_error"]
+__all__ = ["NO_LIMIT_US", "Store", "binding", "check_cost", "check_reservation", "check_rules",
+           "key_error"]
+
+#: ``max_wait=None`` (no limit) in microseconds: more than any wait a rule can produce.
+NO_LIMIT_US = 2**62
 
 
 def key_error(key: object) -> TypeError:
@@ -22,15 +29,26 @@ def key_error(key: object) -> TypeError:
 
 def check_cost(rule: Rule, cost: object) -> int:
     """Validate ``cost`` against ``rule`` (called only when ``cost != 1``)."""
-    if isinstance(cost, bool) or not isinstance(cost, int):
-        raise ConfigError("cost", cost, "must be a positive integer")
-    if cost <= 0:
-        raise ConfigError("cost", cost, "must be a positive integer")
+    cost = validate.integer("cost", cost)
     if cost > rule.capacity:
         raise ConfigError("cost", cost,
                           f"exceeds the capacity {rule.capacity} of rule {rule}; "
                           "it could never be admitted")
     return cost
+
+
+def check_reservation(rule: Rule, cost: object, max_wait: object,
+                      book: object) -> tuple[int, int]:
+    """Validate the arguments of ``reserve``: ``(cost, max_wait in microseconds)``."""
+    if not rule._algo.reservable:
+        raise ConfigError("algorithm", rule.algorithm, NOT_RESERVABLE)
+    if type(cost) is not int or cost != 1:
+        cost = check_cost(rule, cost)
+    validate.boolean("book", book)
+    if max_wait is None:
+        return cost, NO_LIMIT_US
+    seconds = validate.number("max_wait", max_wait, allow_zero=True)
+    return cost, min(round(seconds * 1_000_000), NO_LIMIT_US)
 
 
 def check_rules(rules: Sequence[Rule], cost: int) -> tuple[Rule, ...]:
@@ -84,6 +102,14 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def reset(self, key: str, rule: Rule | Sequence[Rule]) -> None: ...
 
+    def reserve(self, key: str, rule: Rule, cost: int = 1, *, max_wait: float | None = None,
+                book: bool = True) -> Reservation:
+        """The earliest time ``cost`` can be admitted on ``rule`` for ``key``, booked (when
+        ``book`` and within ``max_wait`` seconds; ``None``: any wait) so that later hits and
+        reservations come after it. Bucket algorithms only (``token_bucket``, ``gcra``,
+        ``leaky_bucket``): any other raises :class:`~stormguard.ConfigError`."""
+        raise NotImplementedError(f"{type(self).__name__} has no reservations yet")
+
     def ping(self) -> bool:
         """True when the backend answers."""
         return True
@@ -99,6 +125,10 @@ class Store(abc.ABC):
 
     async def ahit_all(self, key: str, rules: Sequence[Rule], cost: int = 1) -> Decision:
         return self.hit_all(key, rules, cost)
+
+    async def areserve(self, key: str, rule: Rule, cost: int = 1, *,
+                       max_wait: float | None = None, book: bool = True) -> Reservation:
+        return self.reserve(key, rule, cost, max_wait=max_wait, book=book)
 
     async def areset(self, key: str, rule: Rule | Sequence[Rule]) -> None:
         self.reset(key, rule)

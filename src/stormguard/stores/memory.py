@@ -5,14 +5,24 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
+from stormguard._core import validate
 from stormguard._core.clock import Clock, system_clock
 from stormguard._core.errors import ConfigError
+from stormguard.ratelimit.algorithms import Algorithm, Verdict
 from stormguard.ratelimit.decision import Decision
+from stormguard.ratelimit.reservation import Reservation
 from stormguard.ratelimit.rule import Rule
-from stormguard.stores.base import Store, binding, check_cost, check_rules, key_error
+from stormguard.stores.base import (
+    Store,
+    binding,
+    check_cost,
+    check_reservation,
+    check_rules,
+    key_error,
+)
 
 __all__ = ["MemoryStore"]
 
@@ -28,6 +38,16 @@ except ImportError:  # not a runtime dependency: only the compiler reads the dec
 
 DEFAULT_MAX_KEYS = 100_000
 _SWEEP_INTERVAL_US = 1_000_000
+_new: Final = tuple.__new__  # Final: compiled, a C static instead of a dict lookup per call
+
+
+def _decision(v: Verdict, algo: Algorithm, rule: Rule) -> Decision:
+    """The Decision of an algorithm's verdict (times from microseconds to seconds; a zero
+    is the constant 0.0, not a new float)."""
+    reset = v[2]
+    retry = v[3]
+    return _new(Decision, (v[0], algo.B, v[1], reset / 1e6 if reset else 0.0,
+                           retry / 1e6 if retry else 0.0, rule, False))
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # compiled, it stays open to subclasses
@@ -44,14 +64,16 @@ class MemoryStore(Store):
 
     def __init__(self, *, clock: Clock | None = None,
                  max_keys: object = DEFAULT_MAX_KEYS) -> None:
-        if type(max_keys) is not int or max_keys < 1:  # bool is rejected too
-            raise ConfigError("max_keys", max_keys, "must be a positive integer")
         self.clock = clock if clock is not None else system_clock
-        self.max_keys: int = max_keys
+        self.max_keys: int = validate.integer("max_keys", max_keys)
         self._wall = self.clock.wall
         wall_ns = getattr(self.clock, "wall_ns", None)
-        self._wall_ns: Callable[[], int] = (
-            wall_ns if wall_ns is not None else (lambda: int(self._wall() * 1e6 + 0.5) * 1000))
+        if wall_ns is None:
+            raise ConfigError("clock", self.clock, "must have the methods of stormguard.Clock "
+                              "(wall_ns() is missing)")
+        # `self._wall_ns() // 1000` below is stormguard._core.clock.wall_us, inlined: the
+        # hot path saves a call
+        self._wall_ns: Callable[[], int] = wall_ns
         self._data: OrderedDict[tuple[str, str], list[Any]] = OrderedDict()
         # entry = [expires_at_us, *algorithm state] (see stormguard.ratelimit.algorithms)
         self._get = self._data.get
@@ -83,7 +105,8 @@ class MemoryStore(Store):
     # module is compiled, mypyc would otherwise reject bad values with a TypeError that
     # names neither the field nor the problem before our checks could run.
     def hit(self, key: object, rule: Rule, cost: object = 1) -> Decision:
-        # The hot path: one lock, one dict lookup, one apply() that updates the entry in place.
+        # The hot path: one lock, one dict lookup, one apply() that updates the entry in place
+        # and answers a verdict of plain integers (compiled, a C struct: no allocation).
         if type(key) is not str:
             raise key_error(key)
         if type(cost) is not int or cost != 1:
@@ -96,20 +119,24 @@ class MemoryStore(Store):
             entry = self._get(k)
             if entry is None:
                 entry = algo.fresh()
-                d = algo.apply(entry, now, cost, True)
-                if d[0]:
+                v = algo.apply(entry, now, cost, True)
+                if v[0]:
                     if len(self._data) >= self.max_keys:
                         self._make_room(now, self.max_keys - 1)
                     self._data[k] = entry
                     self._mru = entry
             else:
-                d = algo.apply(entry, now, cost, True)
+                v = algo.apply(entry, now, cost, True)
                 if entry is not self._mru:
                     self._touch(k)
                     self._mru = entry
         finally:
             self._release()
-        return d
+        # _decision(v, algo, rule), inlined
+        reset = v[2]
+        retry = v[3]
+        return _new(Decision, (v[0], algo.B, v[1], reset / 1e6 if reset else 0.0,
+                               retry / 1e6 if retry else 0.0, rule, False))
 
     def peek(self, key: object, rule: Rule, cost: object = 1) -> Decision:
         if type(key) is not str:
@@ -120,13 +147,14 @@ class MemoryStore(Store):
         algo = rule._algo
         with self._lock:
             entry = self._get((rule._id, key))
-            return algo.apply(algo.fresh() if entry is None else entry, now, cost, False)
+            v = algo.apply(algo.fresh() if entry is None else entry, now, cost, False)
+        return _decision(v, algo, rule)
 
     def hit_all(self, key: object, rules: Sequence[Rule], cost: object = 1) -> Decision:
         if type(key) is not str:
             raise key_error(key)
         if type(cost) is not int:  # bool too; check_rules checks the value of an int
-            raise ConfigError("cost", cost, "must be a positive integer")
+            cost = validate.integer("cost", cost)
         rules = check_rules(rules, cost)
         if len(rules) == 1:
             return self.hit(key, rules[0], cost)
@@ -142,22 +170,49 @@ class MemoryStore(Store):
                     data.move_to_end(k)
                     self._mru = entry
                 entries.append((k, entry, rule._algo))
-            decisions = [algo.apply(e if e is not None else algo.fresh(), now, cost, False)
-                         for _, e, algo in entries]
-            if all(d[0] for d in decisions):
-                decisions = []
+            verdicts = [algo.apply(e if e is not None else algo.fresh(), now, cost, False)
+                        for _, e, algo in entries]
+            admitted = all(v[0] for v in verdicts)
+            if admitted:
+                verdicts = []
                 for k, found, algo in entries:
                     entry = found if found is not None else algo.fresh()
-                    decisions.append(algo.apply(entry, now, cost, True))
+                    verdicts.append(algo.apply(entry, now, cost, True))
                     if found is None:
                         data[k] = entry
                         self._mru = entry
                 if len(data) > self.max_keys:
                     # evicts least recently used keys first: this call's keys are the most recent
                     self._make_room(now, self.max_keys)
-            else:
-                decisions = [d if not d[0] else d.replace(allowed=False) for d in decisions]
+        decisions = [_decision(v, e[2], r) for v, e, r in zip(verdicts, entries, rules,
+                                                                strict=True)]
+        if not admitted:  # the rules that would admit report it unconsumed, and denied
+            decisions = [d if not d[0] else d.replace(allowed=False) for d in decisions]
         return binding(decisions)
+
+    def reserve(self, key: object, rule: Rule, cost: object = 1, *,
+                max_wait: object = None, book: object = True) -> Reservation:
+        if type(key) is not str:
+            raise key_error(key)
+        cost, wait_us = check_reservation(rule, cost, max_wait, book)
+        now = self._now()
+        k = (rule._id, key)
+        algo = rule._algo
+        with self._lock:
+            entry = self._get(k)
+            state = None if entry is None else algo.state_of(entry)
+            ok, at, new_state = algo.reserve(state, now, cost, wait_us, book is True)
+            if ok and book:
+                if entry is None:
+                    if len(self._data) >= self.max_keys:
+                        self._make_room(now, self.max_keys - 1)
+                    entry = algo.entry_of(new_state)
+                    self._data[k] = entry
+                else:
+                    entry[:] = algo.entry_of(new_state)
+                    self._touch(k)
+                self._mru = entry
+        return Reservation(ok, (at - now) / 1e6, at / 1e6)
 
     def reset(self, key: object, rule: Rule | Sequence[Rule]) -> None:
         if type(key) is not str:

@@ -22,14 +22,12 @@ server lacks the script).
 from __future__ import annotations
 
 import functools
-import hashlib
 from collections.abc import Sequence
-from importlib import resources
-from typing import Any, Literal
+from typing import Any
 
 from stormguard._core import validate
 from stormguard._core.breaker import BreakerMachine
-from stormguard._core.clock import Clock, system_clock
+from stormguard._core.clock import Clock, system_clock, wall_us
 from stormguard._core.errors import ConfigError, StorageCircuitOpen, StorageError
 from stormguard.observability.events import (
     CallRejected,
@@ -39,78 +37,34 @@ from stormguard.observability.events import (
     observed,
 )
 from stormguard.ratelimit.decision import Decision
+from stormguard.ratelimit.reservation import Reservation
 from stormguard.ratelimit.rule import Rule
-from stormguard.stores.base import Store, binding, check_cost, check_rules, key_error
-from stormguard.stores.redis import scripts
+from stormguard.stores.base import (
+    Store,
+    binding,
+    check_cost,
+    check_reservation,
+    check_rules,
+    key_error,
+)
 from stormguard.stores.redis.cluster import ClusterTransport
+from stormguard.stores.redis.ratelimit_scripts import (
+    RATELIMIT,
+    RESERVE,
+    RESERVE_SCRIPT,
+    RESERVE_SCRIPT_NAME,
+    SCRIPT,
+    SCRIPT_NAME,
+    TimeSource,
+    bulk,
+    load_script,
+    rule_args,
+    tag,
+)
 from stormguard.stores.redis.transport import Command, RedisTransport, Transport
 
-__all__ = ["SCRIPT", "SCRIPT_NAME", "RedisClusterStore", "RedisStore", "load_script"]
-
-TimeSource = Literal["server", "client"]
-
-_LUA_FILES = (
-    "prelude.lua",
-    "fixed_window.lua",
-    "sliding_window_counter.lua",
-    "sliding_window_log.lua",
-    "token_bucket.lua",
-    "gcra.lua",
-    "leaky_bucket.lua",
-    "main.lua",
-)
-_CODES = {
-    "fixed_window": "fw",
-    "sliding_window_counter": "swc",
-    "sliding_window_log": "swl",
-    "token_bucket": "tb",
-    "gcra": "gcra",
-    "leaky_bucket": "lb",
-}
-
-
-def load_script() -> str:
-    """The rate-limit script: the prelude, the six algorithms and the entry point."""
-    lua = resources.files("stormguard.stores.redis") / "lua"
-    return "\n".join(lua.joinpath(name).read_text(encoding="utf-8") for name in _LUA_FILES)
-
-
-SCRIPT_NAME = "stormguard.ratelimit"
-SCRIPT = load_script()
-_RATELIMIT = scripts.register(SCRIPT_NAME, SCRIPT)
-
-
-def _rule_args(rule: Rule) -> tuple[str, int, int, int]:
-    """The script arguments of one rule, after checking the Lua arithmetic stays exact."""
-    a = rule._algo
-    n, w, b = a.N, a.W, a.B
-    code = _CODES[a.name]
-    # the largest intermediate value of the script is about capacity x window (+ limit)
-    if code not in ("fw", "swl"):
-        validate.exact("rule", str(rule), b * w + n,
-                       "capacity x window in microseconds (use a shorter window or a "
-                       "smaller limit)")
-    return (code, n, w, b)
-
-
-_TAGS: dict[str, str] = {}
-_TAGS_MAX = 1 << 16
-
-
-def _tag(key: str) -> str:
-    """The hash tag of a user key: 128-bit BLAKE2b in hex (memoised for hot keys)."""
-    tag = _TAGS.get(key)
-    if tag is None:
-        tag = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
-        if len(_TAGS) >= _TAGS_MAX:
-            _TAGS.clear()
-        if len(key) <= 256:
-            _TAGS[key] = tag
-    return tag
-
-
-def _bulk(value: bytes) -> bytes:
-    return b"$%d\r\n%s\r\n" % (len(value), value)
+__all__ = ["RESERVE_SCRIPT", "RESERVE_SCRIPT_NAME", "SCRIPT", "SCRIPT_NAME", "RedisClusterStore",
+           "RedisStore", "load_script"]
 
 
 def _reject(name: str, reason: str, remaining: float) -> BaseException:
@@ -198,12 +152,12 @@ class _RedisStore(Store):
     # -- building the command --------------------------------------------------------------
     def key(self, key: str, rule: Rule) -> str:
         """The Redis key holding ``key``'s counters under ``rule``."""
-        return f"{self.prefix}:{{{_tag(key)}}}:{rule._id}"
+        return f"{self.prefix}:{{{tag(key)}}}:{rule._id}"
 
     def _args(self, rule: Rule) -> tuple[str, int, int, int]:
         a = self._rule_args.get(rule._id)
         if a is None:
-            a = self._rule_args[rule._id] = _rule_args(rule)
+            a = self._rule_args[rule._id] = rule_args(rule)
         return a
 
     def _command(self, key: str, rules: Sequence[Rule], cost: int, consume: bool) -> Command:
@@ -218,24 +172,22 @@ class _RedisStore(Store):
                 self._packs.clear()
             parts = self._packs[ck] = self._parts(rules, cost, consume)
         head, suffixes, tail = parts
-        kb = self._key_head + _tag(key).encode()
-        if self.time_source == "server":
-            now = b"$0\r\n\r\n"
-        else:
-            now = _bulk(b"%d" % int(self.clock.wall() * 1_000_000 + 0.5))
+        kb = self._key_head + tag(key).encode()
+        now = (b"$0\r\n\r\n" if self.time_source == "server"
+               else bulk(b"%d" % wall_us(self.clock)))
         keys = b"".join([b"$%d\r\n%s%s\r\n" % (len(kb) + len(m), kb, m) for m in suffixes])
         return Command(head + keys + now + tail, kb + suffixes[0], SCRIPT_NAME)
 
     def _parts(self, rules: Sequence[Rule], cost: int,
                consume: bool) -> tuple[bytes, list[bytes], bytes]:
         n = len(rules)
-        head = b"*%d\r\n%s%s%s" % (3 + n + 4 + 4 * n, _bulk(b"EVALSHA"),
-                                    _bulk(_RATELIMIT.sha.encode()), _bulk(b"%d" % n))
+        head = b"*%d\r\n%s%s%s" % (3 + n + 4 + 4 * n, bulk(b"EVALSHA"),
+                                    bulk(RATELIMIT.sha.encode()), bulk(b"%d" % n))
         suffixes = [f"}}:{r._id}".encode() for r in rules]
-        tail = [_bulk(b"%d" % cost), _bulk(b"1" if consume else b"0"),
-                _bulk(b"%d" % self._slack_ms)]
+        tail = [bulk(b"%d" % cost), bulk(b"1" if consume else b"0"),
+                bulk(b"%d" % self._slack_ms)]
         for r in rules:
-            tail += [_bulk(str(a).encode()) for a in self._args(r)]
+            tail += [bulk(str(a).encode()) for a in self._args(r)]
         return head, suffixes, b"".join(tail)
 
     def _prepare(self, key: str, rule: Rule, cost: int, consume: bool) -> Command:
@@ -255,6 +207,21 @@ class _RedisStore(Store):
             decisions.append(Decision(reply[j] == 1, r._algo.B, reply[j + 1],
                                       reply[j + 2] / 1e6, reply[j + 3] / 1e6, r))
         return binding(decisions)
+
+    def _reserve_command(self, key: str, rule: Rule, cost: object, max_wait: object,
+                         book: object) -> Command:
+        if type(key) is not str:
+            raise key_error(key)
+        cost, wait_us = check_reservation(rule, cost, max_wait, book)
+        now: str | int = "" if self.time_source == "server" else wall_us(self.clock)
+        return RESERVE.command([self.key(key, rule)],
+                                [now, cost, "1" if book else "0", self._slack_ms,
+                                 *self._args(rule), wait_us])
+
+    @staticmethod
+    def _reservation(reply: Any) -> Reservation:
+        ok, at, now = reply
+        return Reservation(ok == 1, (at - now) / 1e6, at / 1e6)
 
     def _reset_command(self, key: str, rule: Rule | Sequence[Rule]) -> Command | None:
         if type(key) is not str:
@@ -276,6 +243,13 @@ class _RedisStore(Store):
         rules = check_rules(rules, cost)
         return self._decision(self.transport.call(self._command(key, rules, cost, True)),
                               rules)
+
+    def reserve(self, key: str, rule: Rule, cost: int = 1, *, max_wait: float | None = None,
+                book: bool = True) -> Reservation:
+        """As :meth:`Store.reserve`, atomically in one script: N processes booking on one
+        key get distinct slots, spaced as the rule says."""
+        return self._reservation(
+            self.transport.call(self._reserve_command(key, rule, cost, max_wait, book)))
 
     def reset(self, key: str, rule: Rule | Sequence[Rule]) -> None:
         command = self._reset_command(key, rule)
@@ -305,6 +279,11 @@ class _RedisStore(Store):
         rules = check_rules(rules, cost)
         return self._decision(
             await self.transport.acall(self._command(key, rules, cost, True)), rules)
+
+    async def areserve(self, key: str, rule: Rule, cost: int = 1, *,
+                       max_wait: float | None = None, book: bool = True) -> Reservation:
+        return self._reservation(await self.transport.acall(
+            self._reserve_command(key, rule, cost, max_wait, book)))
 
     async def areset(self, key: str, rule: Rule | Sequence[Rule]) -> None:
         command = self._reset_command(key, rule)

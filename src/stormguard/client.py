@@ -272,11 +272,24 @@ class ServiceStore(Store):
             answer = await self._apost(st, "/v1/check", body)
         except StorageError as exc:
             _fail(fut, exc)
+        except Exception as exc:  # any bug below: a waiting caller must never hang
+            _fail(fut, self._error("/v1/check", exc))
         else:
             _set(fut, answer)
 
     async def _send(self, st: _LoopState, batch: list[tuple[bytes, asyncio.Future[_Answer]]]
                     ) -> None:
+        try:
+            await self._send_batch(st, batch)
+        except Exception as exc:  # any bug below: a waiting caller must never hang
+            for _, fut in batch:
+                _fail(fut, self._error("/v1/check/batch", exc))
+        finally:  # cancelled (the loop shutting down): no caller is left waiting
+            for _, fut in batch:
+                _fail(fut, ServiceError(f"stormguard service {self.url}: check cancelled"))
+
+    async def _send_batch(self, st: _LoopState,
+                          batch: list[tuple[bytes, asyncio.Future[_Answer]]]) -> None:
         self.checks_sent += len(batch)
         if len(batch) == 1:
             await self._one(st, *batch[0])

@@ -228,3 +228,18 @@ def test_inline_limits_on_the_service(service_url: str) -> None:
         assert [limiter.hit(key, rule).allowed for _ in range(3)] == [True, True, False]
         other = Rule.parse("2/minute", algorithm="fixed_window", name="other")
         assert limiter.hit(key, other).remaining == 1  # a named rule: its own counter
+
+
+async def test_an_unexpected_error_fails_the_waiting_checks() -> None:
+    """Whatever goes wrong while sending, no caller is left waiting: a lone check and a
+    batch both end in a StorageError (a degraded decision through the limiter)."""
+    def broken(request: httpx.Request) -> httpx.Response:
+        raise RuntimeError("bug in a transport")
+
+    store = ServiceStore("http://sg", rules="named", async_transport=httpx.MockTransport(broken))
+    with pytest.raises(ServiceError, match="bug in a transport"):
+        await store.ahit("k", THREE)
+    limiter = AsyncRateLimiter(store)
+    decisions = await asyncio.gather(*(limiter.hit(f"k{i}", THREE) for i in range(3)))
+    assert all(d.degraded for d in decisions)
+    await store.aclose()

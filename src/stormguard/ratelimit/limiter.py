@@ -20,6 +20,10 @@ OnError = Literal["allow", "deny", "local"]
 _ON_ERROR = ("allow", "deny", "local")
 
 
+def _capacity(rule: Rule) -> int:
+    return rule.capacity
+
+
 class _Base:
     def __init__(self, store: Store | str = "memory://", *, on_error: OnError = "allow",
                  local_share: float = 1.0, deny_retry_after: float = 1.0,
@@ -60,8 +64,11 @@ class _Base:
                   consume: bool = True) -> Decision:
         with self._count_lock:
             self.degraded_count += 1
+        # the rule a healthy store names for a fresh key: the least capacity (the first of
+        # equals), so that a degraded answer names the same rule and limit as a healthy one
+        rule = rules[0] if len(rules) == 1 else min(rules, key=_capacity)
         if self.on_degraded is not None:
-            self.on_degraded(rules[0], exc)
+            self.on_degraded(rule, exc)
         if self.on_error == "local":
             if self._local is None:
                 self._local = MemoryStore(clock=self.store.clock)
@@ -71,9 +78,8 @@ class _Base:
                 d = self._local.hit_all(key, local, cost)
             else:
                 d = self._local.peek(key, local[0], cost)
-            original = next((r for r in rules if self._local_rule(r) is d.rule), rules[0])
+            original = next((r for r in rules if self._local_rule(r) is d.rule), rule)
             return d.replace(rule=original, degraded=True)
-        rule = rules[0]
         cap = rule.capacity
         if self.on_error == "deny":
             return Decision(False, cap, 0, self.deny_retry_after, self.deny_retry_after,
@@ -94,7 +100,9 @@ class RateLimiter(_Base):
 
     ``on_error`` decides what a check gets when the store fails: ``"allow"`` (default,
     fail-open), ``"deny"`` (fail-closed) or ``"local"`` (an in-process limiter enforcing
-    ``local_share`` of each rule's limit). Such decisions have ``degraded=True``.
+    ``local_share`` of each rule's limit). Such decisions have ``degraded=True`` and name
+    the rule a healthy store would name for a fresh key (for ``hit_all``, the rule of least
+    capacity), with its limit (``"local"``: the local share of it).
     """
 
     def __init__(self, store: Store | str = "memory://", **options: Any) -> None:

@@ -10,7 +10,7 @@ import pytest
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from stormguard import AsyncRateLimiter, ConfigError, Decision, MemoryStore, RateLimiter
+from stormguard import AsyncRateLimiter, ConfigError, Decision, MemoryStore, RateLimiter, Rule
 from stormguard.middleware import RateLimitMiddleware, WSGIRateLimitMiddleware
 from stormguard.testing import FakeClock
 from tests.service.helpers import DownStore
@@ -128,3 +128,20 @@ async def test_degraded_answer_names_the_rule_and_limit_of_the_healthy_one(
     if on_error == "deny":
         assert degraded.json()["rule"] == "per-second"
 
+
+
+async def test_rules_from_parse_many_apply_per_client_ip(clock: FakeClock) -> None:
+    rules = Rule.parse_many("2/minute;3/hour", algorithm="fixed_window")
+    app = asgi(AsyncRateLimiter(MemoryStore(clock=clock)), rules, exempt=["/healthz"])
+    async with asgi_client(app) as c:
+        codes = [(await c.get("/")).status_code for _ in range(3)]
+        r = await c.get("/")
+    async with asgi_client(app, peer="192.0.2.200") as c:
+        assert (await c.get("/")).status_code == 200
+    assert codes == [200, 200, 429]
+    assert r.json()["rule"] == "ip-2-per-60s"
+    wsgi = WSGIRateLimitMiddleware(wsgi_app, limiter=RateLimiter(MemoryStore(clock=clock)),
+                                   rules=Rule(1, 60, name="one"))
+    with wsgi_client(wsgi) as c:
+        assert [c.get("/").status_code for _ in range(2)] == [200, 429]
+        assert c.get("/").headers["ratelimit-policy"] == '"one";q=1;w=60'

@@ -15,14 +15,16 @@ from typing import Any
 from stormguard._core import validate
 from stormguard._core.errors import ConfigError
 from stormguard.integrations.clientip import ClientIP
+from stormguard.ratelimit.rule import DEFAULT_ALGORITHM, Rule
 from stormguard.ratelimit.rules import CheckResult, RuleSet, RuleSpec
 
-__all__ = ["RESET_HEADERS", "MiddlewareBase", "RulesArg", "denied_body", "exempt_matcher",
-           "log_refused"]
+__all__ = ["RESET_HEADERS", "MiddlewareBase", "RulesArg", "coerce_rules", "denied_body",
+           "exempt_matcher", "log_refused"]
 
 RESET_HEADERS = ("seconds", "epoch")
 """``reset_header``: ``X-RateLimit-Reset`` as seconds from now, or as epoch seconds."""
-RulesArg = RuleSet | Iterable[RuleSpec | Mapping[str, Any]] | str | os.PathLike[str]
+RulesArg = (RuleSet | Iterable[RuleSpec | Mapping[str, Any]] | str | os.PathLike[str] | Rule
+            | Iterable[Rule])
 log = logging.getLogger("stormguard.middleware")
 
 
@@ -36,6 +38,20 @@ def denied_body(result: CheckResult) -> bytes:
     if d is not None:
         body["retry_after"] = round(d.retry_after, 3)
     return json.dumps(body, separators=(",", ":")).encode()
+
+
+def coerce_rules(rules: RulesArg) -> RuleSet:
+    """The middleware's ``rules``: rules as data (a RuleSet, a list, a rules file), or
+    :class:`~stormguard.Rule` objects (``Rule.parse_many("10/minute;100/hour")``), which
+    apply to every request per client IP, named by their ``name`` or their limit
+    (``ip-10-per-60s``)."""
+    if isinstance(rules, Rule):
+        rules = [rules]
+    if isinstance(rules, list | tuple) and rules and all(isinstance(r, Rule) for r in rules):
+        return RuleSet(RuleSpec(r.name or f"ip-{r.limit}-per-{r.window:g}s", "ip", r.limit,
+                                r.window, algorithm=r.algorithm or DEFAULT_ALGORITHM,
+                                burst=r.burst) for r in rules)
+    return RuleSet.coerce(rules)  # type: ignore[arg-type]
 
 
 def exempt_matcher(exempt: Iterable[str]) -> Callable[[str], bool] | None:
@@ -64,7 +80,7 @@ class MiddlewareBase:
                  | None, api_key_header: str | None, trusted_proxies: Iterable[str],
                  exempt: Iterable[str] = (), reset_header: str = "seconds") -> None:
         self.limiter = limiter
-        self.rules = RuleSet.coerce(rules)
+        self.rules = coerce_rules(rules)
         self.user = user
         self.tier = tier
         self.api_key_header = api_key_header.lower() if api_key_header else None

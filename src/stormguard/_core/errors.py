@@ -17,10 +17,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from stormguard.ratelimit.decision import Decision
+from typing import Any
 
 __all__ = [
     "BulkheadFull",
@@ -54,14 +51,15 @@ class RateLimited(StormguardError):
     """A call decorated with ``limiter.limit(...)`` was denied. ``decision`` is the
     :class:`~stormguard.Decision` (``decision.retry_after``, ``decision.headers()``)."""
 
-    def __init__(self, decision: Decision) -> None:
+    def __init__(self, decision: Any) -> None:
+        # typed Any: _core is below the rate-limit layers (it cannot name Decision)
         self.decision = decision
         rule = decision.rule
         name = f" {rule.policy_name!r}" if rule is not None else ""
         super().__init__(f"rate limit{name} exceeded: retry after "
                          f"{decision.retry_after:.3g} s")
 
-    def __reduce__(self) -> tuple[type[RateLimited], tuple[Decision]]:
+    def __reduce__(self) -> tuple[type[RateLimited], tuple[Any]]:
         return (type(self), (self.decision,))
 
 

@@ -11,16 +11,15 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from stormguard._core import validate
 from stormguard._core.errors import ConfigError, RateLimited
+from stormguard.ratelimit.decision import Decision
 from stormguard.ratelimit.rule import Rule
 
-if TYPE_CHECKING:
-    from stormguard.ratelimit.limiter import AsyncRateLimiter, RateLimiter
-
-__all__ = ["KeyFunc", "LimitArg", "async_decorator", "rules_of", "sync_decorator"]
+__all__ = ["AsyncHits", "BlockingHits", "KeyFunc", "LimitArg", "async_decorator", "rules_of",
+           "sync_decorator"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -40,6 +39,22 @@ def rules_of(limit: LimitArg, field: str = "limit") -> tuple[Rule, ...]:
         return rules
     raise ConfigError(field, limit, "must be a limit string such as '10/minute' or "
                       "'10/minute;100/hour', a stormguard.Rule, or a list of rules")
+
+
+class BlockingHits(Protocol):
+    """What the blocking decorator needs of a limiter (a :class:`RateLimiter`)."""
+
+    def hit(self, key: str, rule: Rule, cost: int = 1) -> Decision: ...
+
+    def hit_all(self, key: str, rules: Sequence[Rule], cost: int = 1) -> Decision: ...
+
+
+class AsyncHits(Protocol):
+    """What the asyncio decorator needs of a limiter (an :class:`AsyncRateLimiter`)."""
+
+    async def hit(self, key: str, rule: Rule, cost: int = 1) -> Decision: ...
+
+    async def hit_all(self, key: str, rules: Sequence[Rule], cost: int = 1) -> Decision: ...
 
 
 class _Limit:
@@ -78,7 +93,7 @@ def _callable(func: object) -> Callable[..., Any]:
     return func
 
 
-def sync_decorator(limiter: RateLimiter, limit: LimitArg, key: KeyFunc | str | None,
+def sync_decorator(limiter: BlockingHits, limit: LimitArg, key: KeyFunc | str | None,
                    cost: int) -> Callable[[Callable[P, T]], Callable[P, T]]:
     def decorate(func: Callable[P, T]) -> Callable[P, T]:
         if inspect.iscoroutinefunction(_callable(func)):
@@ -102,7 +117,7 @@ def sync_decorator(limiter: RateLimiter, limit: LimitArg, key: KeyFunc | str | N
     return decorate
 
 
-def async_decorator(limiter: AsyncRateLimiter, limit: LimitArg, key: KeyFunc | str | None,
+def async_decorator(limiter: AsyncHits, limit: LimitArg, key: KeyFunc | str | None,
                     cost: int) -> Callable[[Callable[P, Awaitable[T]]],
                                            Callable[P, Awaitable[T]]]:
     def decorate(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:

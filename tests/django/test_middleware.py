@@ -191,3 +191,36 @@ def test_tier_from_a_dotted_path(settings: SettingsWrapper) -> None:
 
 def tier(request: HttpRequest) -> str:
     return request.headers.get("X-Tier", "free")
+
+
+def test_exempt_paths_and_the_epoch_reset_header(settings: SettingsWrapper) -> None:
+    clock = FakeClock(start=1_700_000_040.0)
+    settings.STORMGUARD = {"limiter": RateLimiter(MemoryStore(clock=clock)),
+                           "rules": [PER_IP], "exempt": ["/async*"], "reset_header": "epoch"}
+    client = Client()
+    for _ in range(3):  # exempt: neither checked nor given headers
+        r = client.get("/async")
+        assert r.status_code == 200
+        assert "X-RateLimit-Limit" not in r
+    r = client.get("/")
+    assert r["X-RateLimit-Reset"] == "1700000100"  # epoch seconds: the fixed window's end
+    assert client.get("/").status_code == 200
+    assert client.get("/").status_code == 429
+
+
+async def test_exempt_paths_in_the_async_chain(settings: SettingsWrapper) -> None:
+    settings.STORMGUARD = {"limiter": _limiter(), "rules": [{**PER_IP, "limit": 1}],
+                           "exempt": ["/async"]}
+    client = AsyncClient()
+    assert [(await client.get("/async")).status_code for _ in range(3)] == [200, 200, 200]
+
+
+@pytest.mark.parametrize(("conf", "message"), [
+    ({"rules": [PER_IP], "exempt": [42]}, r"settings\.STORMGUARD\['exempt'\]: "),
+    ({"rules": [PER_IP], "reset_header": "unix"}, r"settings\.STORMGUARD\['reset_header'\]: "),
+])
+def test_bad_exempt_and_reset_header(settings: SettingsWrapper, conf: Any,
+                                     message: str) -> None:
+    settings.STORMGUARD = conf
+    with pytest.raises(ImproperlyConfigured, match=message):
+        _build()

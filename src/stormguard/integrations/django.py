@@ -18,10 +18,12 @@ The request attributes the rules match: ``user`` is ``str(request.user.pk)`` for
 authenticated user, the client IP (:class:`~stormguard.integrations.clientip.ClientIP`)
 counts anonymous requests (``"ip_scope": "all"``: every request), the API key comes from
 ``api_key_header``, the tier from ``"tier"`` (a callable of the request, or its dotted
-path). The check itself is the rules' (:mod:`stormguard.ratelimit.rules`): a denied
-request is answered ``429`` with a JSON body, ``Retry-After`` and the rate-limit headers;
-allowed responses carry the headers too. Store failures follow the limiter's
-``on_error``; a rule the store refuses is logged and the request passes.
+path). ``exempt`` path globs are neither checked nor given headers; ``reset_header``
+(``"seconds"`` or ``"epoch"``) is the form of ``X-RateLimit-Reset``. The check itself is
+the rules' (:mod:`stormguard.ratelimit.rules`): a denied request is answered ``429``
+with a JSON body, ``Retry-After`` and the rate-limit headers; allowed responses carry
+the headers too. Store failures follow the limiter's ``on_error``; a rule the store
+refuses is logged and the request passes.
 
 Sync and async: under ASGI with an async middleware chain the middleware is a coroutine
 (``request.auser()``, an :class:`~stormguard.AsyncRateLimiter` awaited, a blocking
@@ -48,7 +50,7 @@ from stormguard.stores.memory import MemoryStore
 __all__ = ["SETTINGS", "RateLimitMiddleware"]
 
 SETTINGS = ("limiter", "store", "on_error", "rules", "trusted_proxies", "api_key_header",
-            "tier", "ip_scope")
+            "tier", "ip_scope", "exempt", "reset_header")
 _PATH = "stormguard.integrations.django.RateLimitMiddleware"
 _AUTH = "django.contrib.auth.middleware.AuthenticationMiddleware"
 Limiter = RateLimiter | AsyncRateLimiter
@@ -129,7 +131,9 @@ class RateLimitMiddleware(MiddlewareBase):
         try:
             super().__init__(limiter, conf["rules"], user=None, tier=conf["tier"],
                              api_key_header=conf.get("api_key_header", "x-api-key"),
-                             trusted_proxies=conf.get("trusted_proxies", ()))
+                             trusted_proxies=conf.get("trusted_proxies", ()),
+                             exempt=conf.get("exempt", ()),
+                             reset_header=conf.get("reset_header", "seconds"))
         except ConfigError as exc:
             field = exc.field if exc.field in SETTINGS else "rules"
             raise _bad(field, str(exc)) from exc
@@ -163,6 +167,8 @@ class RateLimitMiddleware(MiddlewareBase):
     def __call__(self, request: HttpRequest) -> Any:
         if self._async:
             return self.__acall__(request)
+        if self.is_exempt is not None and self.is_exempt(request.path):
+            return self.get_response(request)
         plan = self.rules.plan(self.attrs(request, getattr(request, "user", None)))
         if not plan:
             return self.get_response(request)
@@ -175,13 +181,15 @@ class RateLimitMiddleware(MiddlewareBase):
             log_refused(exc)
             return self.get_response(request)
         if not result.allowed:
-            return _denied(result)
-        return _with_headers(self.get_response(request), result)
+            return self._denied(result)
+        return self._with_headers(self.get_response(request), result)
 
     async def __acall__(self, request: HttpRequest) -> HttpResponseBase:
+        get_response: Callable[[HttpRequest], Awaitable[HttpResponseBase]] = self.get_response
+        if self.is_exempt is not None and self.is_exempt(request.path):
+            return await get_response(request)
         user = await request.auser() if hasattr(request, "auser") else None
         plan = self.rules.plan(self.attrs(request, user))
-        get_response: Callable[[HttpRequest], Awaitable[HttpResponseBase]] = self.get_response
         if not plan:
             return await get_response(request)
         try:
@@ -190,8 +198,18 @@ class RateLimitMiddleware(MiddlewareBase):
             log_refused(exc)
             return await get_response(request)
         if not result.allowed:
-            return _denied(result)
-        return _with_headers(await get_response(request), result)
+            return self._denied(result)
+        return self._with_headers(await get_response(request), result)
+
+    def _denied(self, result: CheckResult) -> HttpResponse:
+        response = HttpResponse(denied_body(result), status=429,
+                                content_type="application/json")
+        return self._with_headers(response, result)
+
+    def _with_headers(self, response: _R, result: CheckResult) -> _R:
+        for name, value in self.headers(result).items():
+            response[name] = value
+        return response
 
     async def _acheck(self, plan: Plan) -> CheckResult:
         if self._in_thread:
@@ -200,12 +218,3 @@ class RateLimitMiddleware(MiddlewareBase):
         return await acheck_plan(self.limiter, plan)
 
 
-def _denied(result: CheckResult) -> HttpResponse:
-    response = HttpResponse(denied_body(result), status=429, content_type="application/json")
-    return _with_headers(response, result)
-
-
-def _with_headers(response: _R, result: CheckResult) -> _R:
-    for name, value in result.headers().items():
-        response[name] = value
-    return response

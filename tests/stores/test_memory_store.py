@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from stormguard import MemoryStore, RateLimiter, Rule
 from stormguard.stores.memory import DEFAULT_MAX_KEYS
@@ -224,3 +225,30 @@ def test_a_long_log_drops_expired_entries_in_bulk_and_stays_small() -> None:
         clock.advance(0.01)
     assert store.peek("k", rule).remaining == 1  # the oldest of the last 200 just expired
     assert 200 < longest <= 2 * 200 + 1
+
+
+def test_isinstance_of_memory_store_is_not_isinstance_of_store() -> None:
+    """The compiled MemoryStore once shared Store's ABC caches: a store already checked
+    against Store was then an instance of MemoryStore too (the service ran a Redis batch
+    one check at a time, the ASGI middleware took a blocking Redis limiter)."""
+    from stormguard import Store
+
+    class Other(Store):
+        def hit(self, key: str, rule: Rule, cost: int = 1) -> Any:
+            raise NotImplementedError
+
+        def peek(self, key: str, rule: Rule, cost: int = 1) -> Any:
+            raise NotImplementedError
+
+        def hit_all(self, key: str, rules: Any, cost: int = 1) -> Any:
+            raise NotImplementedError
+
+        def reset(self, key: str, rule: Any) -> None:
+            raise NotImplementedError
+
+    other = Other()
+    assert isinstance(other, Store)
+    assert not isinstance(other, MemoryStore)
+    assert not issubclass(Other, MemoryStore)
+    assert isinstance(MemoryStore(), Store)
+    assert isinstance(MemoryStore(), MemoryStore)

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import abc
 import importlib
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,13 @@ from stormguard.stores.base import Store
 from stormguard.stores.memory import MemoryStore
 
 __all__ = ["MemoryStore", "Store", "from_url", "register"]
+
+# mypyc builds the compiled MemoryStore without running ABCMeta.__new__, so the class would
+# inherit Store's ABC caches (`_abc_impl`): isinstance(x, MemoryStore) then answered what
+# isinstance(x, Store) had cached, True for any store already checked against Store.
+# Give the class its own caches (a no-op for the pure-Python class, which has them).
+if "_abc_impl" not in MemoryStore.__dict__:
+    abc._abc_init(MemoryStore)  # type: ignore[attr-defined]
 
 StoreFactory = Callable[..., Store]
 

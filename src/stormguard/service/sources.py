@@ -277,6 +277,14 @@ redis.call('HSET', KEYS[1], 'version', new, 'doc', ARGV[2])
 return {1, new}
 """
 
+# KEYS[1] = the rules hash; ARGV[1] = the version, ARGV[2] = the doc. Writes them only
+# when the hash is missing (Redis lost it: FLUSHALL, a restart without persistence).
+_RESEED = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'version', ARGV[1], 'doc', ARGV[2])
+return 1
+"""
+
 
 def redis_transport(url: str, **options: Any) -> Any:
     """The Redis transport for a store URL (``redis://``, ``rediss://``, ``unix://``,
@@ -302,6 +310,7 @@ class RedisRules(RulesSource):
         self.poll_interval = poll_interval
         self._transport = redis_transport(url, timeout=timeout, **options)
         self._script = register("stormguard.rules.cas", _CAS)
+        self._reseed = register("stormguard.rules.reseed", _RESEED)
         self._hget_version = Command.of("HGET", self.key, "version", key=self.key)
         self._hmget = Command.of("HMGET", self.key, "version", "doc", key=self.key)
 
@@ -323,7 +332,7 @@ class RedisRules(RulesSource):
             await self._transport.aclose()
 
     async def _cas(self, expected: int, rules: RuleSet) -> int:
-        doc = json.dumps([r.to_dict(full=False) for r in rules.rules])
+        doc = _doc(rules)
         try:
             ok, version = await self._transport.acall(
                 self._script.command([self.key], [expected, doc]))
@@ -336,7 +345,11 @@ class RedisRules(RulesSource):
     async def refresh(self) -> bool:
         try:
             raw = await self._transport.acall(self._hget_version)
-            if raw is None or int(raw) == self.current.version:
+            if raw is None:
+                if self.current.version > 0:
+                    await self._restore()
+                return False
+            if int(raw) == self.current.version:
                 return False
             version, doc = await self._transport.acall(self._hmget)
         except StorageError as exc:
@@ -355,6 +368,18 @@ class RedisRules(RulesSource):
         self.current = new
         return True
 
+    async def _restore(self) -> None:
+        """Redis lost the rules (FLUSHALL, a restart without persistence): write this
+        instance's current rules back, version kept, unless another instance did first;
+        without it every compare-and-set would conflict until a restart."""
+        cur = self.current
+        written = await self._transport.acall(
+            self._reseed.command([self.key], [cur.version, _doc(cur)]))
+        if written:
+            log.warning("stormguard: the rules were missing in Redis (%s; flushed, or "
+                        "restarted without persistence): restored this instance's %d "
+                        "rules, version %d", self.key, len(cur), cur.version)
+
     async def edit(self, edit: Edit, if_match: frozenset[int] | None) -> RuleSet:
         async with self._lock:
             for _ in range(16):
@@ -370,6 +395,10 @@ class RedisRules(RulesSource):
                 self.current = RuleSet(new.rules, version=version)
                 return self.current
             raise StorageError("rules in Redis: too many concurrent edits")
+
+
+def _doc(rules: RuleSet) -> str:
+    return json.dumps([r.to_dict(full=False) for r in rules.rules])
 
 
 class _Conflict(Exception):

@@ -11,6 +11,7 @@ from typing import Any
 
 from stormguard._core.errors import ConfigError
 from stormguard.integrations.clientip import ClientIP
+from stormguard.integrations.deployment import warn_memory_store_workers
 from stormguard.ratelimit.rules import CheckResult, RuleSet, RuleSpec
 
 __all__ = ["MiddlewareBase", "RulesArg", "denied_body", "log_refused"]
@@ -43,3 +44,11 @@ class MiddlewareBase:
         self.tier = tier
         self.api_key_header = api_key_header.lower() if api_key_header else None
         self.client_ip = ClientIP(trusted_proxies)
+        self._warned_workers = warn_memory_store_workers(getattr(limiter, "store", None))
+
+    def check_multiprocess(self, multiprocess: object) -> None:
+        """WSGI's ``wsgi.multiprocess`` (gunicorn sets it with more than one worker):
+        warn once when the limits live in a per-process memory store."""
+        if multiprocess and not self._warned_workers:
+            self._warned_workers = True
+            warn_memory_store_workers(getattr(self.limiter, "store", None), workers=0)

@@ -48,6 +48,8 @@ class WSGIRateLimitMiddleware(MiddlewareBase):
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]
                  ) -> Iterable[bytes]:
+        if not self._warned_workers:
+            self.check_multiprocess(environ.get("wsgi.multiprocess"))
         attrs = self.attrs(environ)
         if not self.rules.match(attrs):
             return self.app(environ, start_response)

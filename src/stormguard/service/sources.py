@@ -325,6 +325,10 @@ class RedisRules(RulesSource):
                 log.warning("stormguard: cannot reach Redis for rules, serving the initial "
                             "rules until it answers: %s", exc)
         await super().start()
+        if self.seed is None and self.current.version == 0 and not self._failing:
+            log.warning("stormguard: no rules in Redis (%s) and none to seed it with: every "
+                        "check is allowed until rules are written (PUT /v1/rules, or "
+                        "stormguard serve --rules FILE)", self.key)
 
     async def stop(self) -> None:
         await super().stop()

@@ -346,6 +346,10 @@ def _validate(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(f"  {problem}", file=sys.stderr)
         return 1
+    if not len(rules):
+        print(f"{args.file}: no rules: the file holds no rule (served, it would allow every "
+              "request)", file=sys.stderr)
+        return 1
     print(f"{args.file}: {len(rules)} rules OK ({', '.join(r.name for r in rules)})")
     return 0
 

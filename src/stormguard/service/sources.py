@@ -7,7 +7,8 @@ rules in between. A new rule set is validated as a whole before anything is stor
 
 * :class:`MemoryRules`: version counter in memory (tests, throwaway instances).
 * :class:`FileRules`: a PUT rewrites the rules file atomically (temporary file in the same
-  directory, fsync, ``os.replace``), keeping its mode and owner; the version is stored in
+  directory, fsync, ``os.replace``), keeping its mode and owner, and its comments, key
+  order and layout (a YAML round trip: :mod:`.rulesfile`); the version is stored in
   the file; temporary files that a killed writer left are removed at start-up. The file is also
   polled (mtime/size), so an edit on disk is picked up; an invalid file is refused as a
   whole and the previous rules stay in force.
@@ -24,16 +25,15 @@ import contextlib
 import json
 import logging
 import os
-import stat
-import tempfile
-import time
 from collections.abc import Callable
 from typing import Any
 
 from stormguard._core.errors import StorageError
 from stormguard.ratelimit.rules import RuleProblem, RulesError, RuleSet
+from stormguard.service.rulesfile import remove_stale_temp_files, render, write_atomic
 
-__all__ = ["FileRules", "MemoryRules", "RedisRules", "RulesSource", "VersionConflict"]
+__all__ = ["FileRules", "MemoryRules", "RedisRules", "RulesSource", "VersionConflict",
+           "remove_stale_temp_files", "write_atomic"]
 
 log = logging.getLogger("stormguard.service")
 
@@ -166,105 +166,17 @@ class FileRules(RulesSource):
 
     async def _persist(self, rules: RuleSet) -> None:
         # YAML for 10,000 rules takes seconds of CPU: in the thread, with the write
-        await asyncio.to_thread(lambda: write_atomic(self.path, rules.dumps()))
+        await asyncio.to_thread(self._write, rules)
         self._stat = self._file_stat()
 
-
-_TMP_PREFIX, _TMP_SUFFIX = ".rules-", ".tmp"
-_EMPTY_TMP_AGE = 60.0
-"""Seconds after which an empty, unlocked temporary file counts as abandoned (a writer
-creates its file empty and locks it at once; one that is this old never will)."""
-
-
-def write_atomic(path: str, text: str) -> None:
-    """Replace ``path`` with ``text``: a temporary file in the same directory, fsync,
-    then ``os.replace`` (readers see the old file or the new one, never a mix).
-
-    The new file keeps the old one's permission bits and, where the process may set
-    them, its owner and group (a new file gets ``0o666 & ~umask``, as ``open`` would).
-    The temporary file is locked (``flock``) from before its first byte until it is
-    renamed, so :func:`remove_stale_temp_files` can tell a crashed writer's file from a
-    live one's."""
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        st: os.stat_result | None = os.stat(path)
-    except FileNotFoundError:
-        st = None
-    fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, suffix=_TMP_SUFFIX, dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            _lock(f.fileno(), blocking=True)
-            if st is None:
-                os.fchmod(f.fileno(), 0o666 & ~_umask())
-            else:
-                os.fchmod(f.fileno(), stat.S_IMODE(st.st_mode))
-                if (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
-                    with contextlib.suppress(PermissionError):  # only root may give away
-                        os.fchown(f.fileno(), st.st_uid, st.st_gid)
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-            os.replace(tmp, path)  # still locked: never a live writer's file to remove
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def remove_stale_temp_files(directory: str) -> list[str]:
-    """Remove the temporary files that writers killed mid-write left in ``directory``
-    (``.rules-*.tmp`` that no live process holds locked); return their paths."""
-    removed: list[str] = []
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return removed
-    for name in names:
-        if not (name.startswith(_TMP_PREFIX) and name.endswith(_TMP_SUFFIX)):
-            continue
-        tmp = os.path.join(directory, name)
+    def _write(self, rules: RuleSet) -> None:
+        """Write ``rules`` into the file, keeping its comments and layout (:mod:`.rulesfile`)."""
         try:
-            fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:
-            continue
-        try:
-            if not _lock(fd, blocking=False):
-                continue  # a live writer holds it
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                continue
-            if st.st_size == 0 and time.time() - st.st_mtime < _EMPTY_TMP_AGE:
-                continue  # just created: its writer may not have locked it yet
-            os.unlink(tmp)
-            removed.append(tmp)
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-    return removed
-
-
-def _lock(fd: int, *, blocking: bool) -> bool:
-    """An exclusive ``flock`` on ``fd`` (released when the process ends, however it
-    ends); False if another process holds it. Without ``fcntl`` (Windows) always True."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-    except BlockingIOError:
-        return False
-    return True
-
-
-def _umask() -> int:
-    """The process umask, read without changing it (Linux), else the usual 022."""
-    with contextlib.suppress(OSError, ValueError, StopIteration):
-        with open("/proc/self/status", encoding="ascii") as f:
-            line = next(x for x in f if x.startswith("Umask:"))
-        return int(line.split()[1], 8)
-    return 0o022
+            with open(self.path, encoding="utf-8") as f:
+                old: str | None = f.read()
+        except (OSError, UnicodeDecodeError):
+            old = None
+        write_atomic(self.path, render(old, rules))
 
 
 # KEYS[1] = the rules hash; ARGV[1] = expected version (-1: any), ARGV[2] = the new doc.

@@ -8,12 +8,13 @@ start serving (the port is in use, the address is not available).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from importlib import resources
 from typing import Any, NoReturn
 
@@ -236,22 +237,33 @@ def serve_setup(args: argparse.Namespace) -> tuple[Any, Any]:
     return config, limiter
 
 
-def _log_to_stderr(level: str) -> None:
-    """The service's own log lines (stormguard.*) to stderr, formatted like uvicorn's."""
+@contextlib.contextmanager
+def _log_to_stderr(level: str) -> Iterator[None]:
+    """The service's own log lines (stormguard.*) to stderr, formatted like uvicorn's,
+    while ``serve`` runs."""
     from uvicorn.logging import DefaultFormatter
 
     logger = logging.getLogger("stormguard")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s"))
-        logger.addHandler(handler)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s"))
+    previous = logger.level
+    logger.addHandler(handler)
     logger.setLevel(level.upper())
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous)
 
 
 def _serve(args: argparse.Namespace) -> int:
+    with _log_to_stderr(args.log_level):
+        return _run_server(args)
+
+
+def _run_server(args: argparse.Namespace) -> int:
     import uvicorn
 
-    _log_to_stderr(args.log_level)
     try:
         config, limiter = serve_setup(args)
     except _Refused as exc:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from stormguard.limiter import RateLimiter
-from stormguard.rules import Rule
+from stormguard.ratelimit.limiter import RateLimiter
+from stormguard.ratelimit.rule import Rule
 from stormguard.stores.memory import MemoryStore
 from stormguard.testing import FakeClock
 

@@ -1,4 +1,4 @@
-"""Transitional alias of :mod:`stormguard.ratelimit.rules` (old path, until its users move)."""
+"""Public alias of :mod:`stormguard.ratelimit.rules` (the import path of earlier releases)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from stormguard import ConfigError, Rule
-from stormguard.ruleset import RequestAttrs, RulesError, RuleSet, RuleSpec
+from stormguard.ratelimit.rules import RequestAttrs, RulesError, RuleSet, RuleSpec
 
 LONE = "\udc80"
 BASE = {"name": "a", "scope": "user", "limit": 1, "window": 1}

@@ -160,6 +160,7 @@ def test_server_time_agrees_across_skewed_clients(server: RedisServer) -> None:
         s.close()
 
 
+@pytest.mark.wheel
 def test_wheel_holds_the_lua_scripts_and_the_compiled_hot_path(tmp_path: Path) -> None:
     pytest.importorskip("hatchling", reason="building the wheel needs hatchling")
     root = Path(__file__).resolve().parents[2]

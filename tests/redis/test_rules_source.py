@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from stormguard import AsyncRateLimiter
-from stormguard.ruleset import RuleSet
+from stormguard.ratelimit.rules import RuleSet
 from stormguard.service import create_app
 from stormguard.service.sources import RedisRules
 from tests.redis_servers import RedisCluster, RedisServer, start_cluster, start_redis

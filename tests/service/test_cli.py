@@ -16,7 +16,7 @@ import pytest
 
 from stormguard import MemoryStore
 from stormguard.cli import main
-from stormguard.ruleset import RuleSet
+from stormguard.ratelimit.rules import RuleSet
 from stormguard.stores import _REGISTRY, register
 from tests.redis_servers import free_port
 from tests.service.helpers import DownStore, wait_healthy

@@ -15,7 +15,7 @@ import redis
 import yaml
 
 from stormguard import AsyncRateLimiter, MemoryStore
-from stormguard.ruleset import RuleSet
+from stormguard.ratelimit.rules import RuleSet
 from stormguard.service import create_app
 from stormguard.service.sources import RedisRules
 from stormguard.testing import FakeClock
@@ -248,7 +248,7 @@ async def test_redis_rules_concurrent_blind_writes_all_land(redis_url: str) -> N
     for s in sources:
         await s.start()
     try:
-        from stormguard.ruleset import RuleSpec
+        from stormguard.ratelimit.rules import RuleSpec
 
         async def add(i: int) -> None:
             spec = RuleSpec(f"r{i}", "ip", 5, 60)

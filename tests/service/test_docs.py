@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from stormguard.cli import _parser, main
-from stormguard.ruleset import RuleSet
+from stormguard.ratelimit.rules import RuleSet
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "service.md").read_text()

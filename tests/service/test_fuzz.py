@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stormguard import AsyncRateLimiter, MemoryStore
-from stormguard.ruleset import FIELDS
+from stormguard.ratelimit.rules import FIELDS
 from stormguard.service import create_app
 from stormguard.testing import FakeClock
 from tests.service.helpers import AUTH, RULES, TOKEN

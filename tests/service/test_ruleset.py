@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from stormguard import ConfigError, MemoryStore, RateLimiter, Rule
-from stormguard.ruleset import RequestAttrs, RulesError, RuleSet, RuleSpec, check_flow
+from stormguard.ratelimit.rules import RequestAttrs, RulesError, RuleSet, RuleSpec, check_flow
 from stormguard.testing import FakeClock
 
 YAML = """

@@ -191,7 +191,7 @@ class _RedisStore(Store):
         return head, suffixes, b"".join(tail)
 
     def _prepare(self, key: str, rule: Rule, cost: int, consume: bool) -> Command:
-        if cost != 1:
+        if cost != 1 or type(cost) is not int:  # True and 1.0 equal 1: rejected all the same
             check_cost(rule, cost)
         return self._command(key, (rule,), cost, consume)
 

@@ -4,13 +4,7 @@
 -- Several rules are all-or-nothing: every verdict is computed before anything is
 -- written, and the writes happen only when every rule admits.
 -- Returns {all_allowed, then per rule: allowed, remaining, reset_us, retry_us}.
-local now
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[1])
-end
+local now = now_us(ARGV[1])
 local cost = tonumber(ARGV[2])
 local consume = ARGV[3] == '1'
 local n = #KEYS

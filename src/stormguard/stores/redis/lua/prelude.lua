@@ -65,3 +65,13 @@ local USED = {}
 for j = 5, #ARGV, 4 do
   USED[ARGV[j]] = true
 end
+
+-- The time a call judges at, in integer microseconds: the client's (ARGV[1]) or, when it
+-- sent '' (time_source="server"), the server's TIME.
+local function now_us(arg)
+  if arg == '' then
+    local t = redis.call('TIME')
+    return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return tonumber(arg)
+end

@@ -12,13 +12,7 @@
 -- Returns {ok, at_us, now_us}: ok = 1 when at_us - now <= max_wait_us (then booked if
 -- book); at_us is the earliest admitted time either way; now_us the time it judged at
 -- (the server's TIME unless the client sent its own).
-local now
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[1])
-end
+local now = now_us(ARGV[1])
 local cost = tonumber(ARGV[2])
 local book = ARGV[3] == '1'
 local code = ARGV[5]

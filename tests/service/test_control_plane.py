@@ -359,3 +359,29 @@ async def test_redis_losing_the_rules_recovers_by_itself(redis_url: str,
     finally:
         await service.stop()
         raw.close()
+
+
+async def test_redis_restore_converges_on_the_newest_rules(redis_url: str) -> None:
+    """After a FLUSHALL a stale instance (it missed the last edit) may restore first: the
+    up-to-date instance sees an older version than its own and writes its rules back, so
+    the newest rules win, never the stale ones."""
+    fresh = RedisRules(redis_url, seed=RuleSet.from_data(RULES), poll_interval=0)
+    stale = RedisRules(redis_url, poll_interval=0)
+    await fresh.start()
+    await stale.start()
+    raw = redis.Redis.from_url(redis_url)
+    try:
+        assert stale.current.version == 1
+        await fresh.edit(lambda cur, v: cur.without("dry", version=v), None)
+        raw.flushall()
+        await stale.refresh()  # restores version 1 (it never saw version 2)
+        assert int(raw.hget("stormguard:rules", "version") or 0) == 1
+        await fresh.refresh()  # Redis went back from 2 to 1: restores version 2
+        assert int(raw.hget("stormguard:rules", "version") or 0) == 2
+        assert await stale.refresh()
+        assert stale.current.version == 2
+        assert "dry" not in stale.current
+    finally:
+        await fresh.stop()
+        await stale.stop()
+        raw.close()

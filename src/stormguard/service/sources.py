@@ -190,9 +190,12 @@ return {1, new}
 """
 
 # KEYS[1] = the rules hash; ARGV[1] = the version, ARGV[2] = the doc. Writes them only
-# when the hash is missing (Redis lost it: FLUSHALL, a restart without persistence).
+# when the hash is missing or holds an older version (Redis lost the rules: FLUSHALL, a
+# restart without persistence or from an older snapshot; versions never go back
+# otherwise), so the instances converge on the newest rules any of them holds.
 _RESEED = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local cur = redis.call('HGET', KEYS[1], 'version')
+if cur and tonumber(cur) >= tonumber(ARGV[1]) then return 0 end
 redis.call('HSET', KEYS[1], 'version', ARGV[1], 'doc', ARGV[2])
 return 1
 """
@@ -261,10 +264,12 @@ class RedisRules(RulesSource):
     async def refresh(self) -> bool:
         try:
             raw = await self._transport.acall(self._hget_version)
-            if raw is None:
+            if raw is None or int(raw) < self.current.version:
                 if self.current.version > 0:
-                    await self._restore()
-                return False
+                    await self._restore(raw)
+                    return False
+                if raw is None:
+                    return False
             if int(raw) == self.current.version:
                 return False
             version, doc = await self._transport.acall(self._hmget)
@@ -284,17 +289,19 @@ class RedisRules(RulesSource):
         self.current = new
         return True
 
-    async def _restore(self) -> None:
-        """Redis lost the rules (FLUSHALL, a restart without persistence): write this
-        instance's current rules back, version kept, unless another instance did first;
+    async def _restore(self, found: bytes | str | int | None) -> None:
+        """Redis lost the rules (FLUSHALL, a restart without persistence or from an older
+        snapshot): write this instance's current rules back, version kept, unless another
+        instance wrote the same or a newer version first (the next poll loads it);
         without it every compare-and-set would conflict until a restart."""
         cur = self.current
         written = await self._transport.acall(
             self._reseed.command([self.key], [cur.version, _doc(cur)]))
         if written:
-            log.warning("stormguard: the rules were missing in Redis (%s; flushed, or "
-                        "restarted without persistence): restored this instance's %d "
-                        "rules, version %d", self.key, len(cur), cur.version)
+            what = "missing" if found is None else f"at an older version ({int(found)})"
+            log.warning("stormguard: the rules in Redis (%s) were %s: flushed, or restarted "
+                        "without persistence; restored this instance's %d rules, version "
+                        "%d", self.key, what, len(cur), cur.version)
 
     async def edit(self, edit: Edit, if_match: frozenset[int] | None) -> RuleSet:
         async with self._lock:

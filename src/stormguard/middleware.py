@@ -21,6 +21,19 @@ Use ``redis://...`` for several workers; a warning is logged when it can be dete
 **Store failures** follow the limiter's ``on_error`` (allow / deny / local); the limiter
 turns every :class:`~stormguard.StorageError` into a degraded decision, so a storage
 outage never becomes a 500.
+
+**Blocking limiters.** The ASGI middleware takes an
+:class:`~stormguard.AsyncRateLimiter`; a blocking :class:`~stormguard.RateLimiter` is
+accepted only over ``memory://`` (it never blocks) and refused with a
+:class:`~stormguard.ConfigError` naming ``limiter`` over any other store, where every
+check would block the event loop for up to the store's timeout.
+
+**Exempt paths.** ``exempt=["/healthz", "/metrics", "/docs*"]`` (globs on the path): such
+requests are neither checked nor given rate-limit headers.
+
+**X-RateLimit-Reset** is in seconds from now (the default) or, with
+``reset_header="epoch"``, an epoch timestamp in whole seconds, rounded up (as
+Flask-Limiter and slowapi send it). ``RateLimit``'s ``t`` and ``Retry-After`` stay seconds.
 """
 
 from __future__ import annotations

@@ -175,3 +175,21 @@ def test_local_fallback_is_exact_under_threads(store: FlakyStore) -> None:
             assert limiter.degraded_count == 2000
     finally:
         sys.setswitchinterval(old)
+
+
+@pytest.mark.parametrize("on_error", ["allow", "deny", "local"])
+@pytest.mark.parametrize("rules", [[RULE, HOUR], [HOUR, RULE]])
+def test_degraded_names_the_rule_and_limit_a_healthy_answer_names(
+        store: FlakyStore, on_error: str, rules: list[Rule]) -> None:
+    """Issue 17 (8): a degraded answer used to name the first rule (``api``, limit 10)
+    where the healthy store names the binding one (``hour``, limit 4)."""
+    seen: list[Rule] = []
+    limiter = RateLimiter(store, on_error=on_error,  # type: ignore[arg-type]
+                          on_degraded=lambda r, e: seen.append(r))
+    degraded = limiter.hit_all("k", rules)
+    store.down = False
+    healthy = limiter.hit_all("fresh", rules)
+    assert degraded.degraded
+    assert not healthy.degraded
+    assert (degraded.rule, degraded.limit) == (healthy.rule, healthy.limit) == (HOUR, 4)
+    assert seen == [HOUR]

@@ -27,3 +27,12 @@ def test_redis_benchmark_runs() -> None:
     rates = re.findall(r"\(batched, per-master connections\) \| ([\d,]+) \|", cluster)
     assert len(rates) == 3
     assert all(int(r.replace(",", "")) > 0 for r in rates)
+
+
+def test_check_batch_benchmark_runs() -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "check_batch.py"), "--size", "20",
+         "--rounds", "2"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=True).stdout
+    assert re.search(r"\| POST /v1/check/batch \| [\d.]+ \| [\d.]+ \|", out)

@@ -31,7 +31,8 @@ async def test_check_by_key_and_rule(client: httpx.AsyncClient) -> None:
     assert [b["allowed"] for b in bodies] == [True, True, True, False]
     assert bodies[0] == {"allowed": True, "limit": 3, "remaining": 2, "reset_after": 60.0,
                          "retry_after": 0.0, "rule": "search", "shadow": False,
-                         "degraded": False, "shadow_denied": [], "rules": ["search"]}
+                         "degraded": False, "shadow_denied": [], "rules": ["search"],
+                         "reset": 1_700_000_100}  # epoch s: the clock starts at ...040
     assert bodies[3]["retry_after"] == 60.0
     h = answers[3].headers
     assert h["retry-after"] == "60"

@@ -4,6 +4,7 @@
 
     StormguardError
     ├── ConfigError (also ValueError)      bad rule, policy option or argument
+    ├── RateLimited                        a ``limiter.limit`` decorated call was denied
     ├── StorageError                       a backend (Redis, ...) failed or timed out
     │   └── StorageCircuitOpen             the store's own breaker is open: no network call
     ├── CircuitOpen                        a circuit breaker rejected the call
@@ -16,11 +17,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "BulkheadFull",
     "CircuitOpen",
     "ConfigError",
     "DeadlineExceeded",
+    "RateLimited",
     "RetryBudgetExhausted",
     "StorageCircuitOpen",
     "StorageError",
@@ -41,6 +45,22 @@ class ConfigError(StormguardError, ValueError):
         self.value = value
         self.problem = problem
         super().__init__(f"{field}: {problem} (got {value!r})")
+
+
+class RateLimited(StormguardError):
+    """A call decorated with ``limiter.limit(...)`` was denied. ``decision`` is the
+    :class:`~stormguard.Decision` (``decision.retry_after``, ``decision.headers()``)."""
+
+    def __init__(self, decision: Any) -> None:
+        # typed Any: _core is below the rate-limit layers (it cannot name Decision)
+        self.decision = decision
+        rule = decision.rule
+        name = f" {rule.policy_name!r}" if rule is not None else ""
+        super().__init__(f"rate limit{name} exceeded: retry after "
+                         f"{decision.retry_after:.3g} s")
+
+    def __reduce__(self) -> tuple[type[RateLimited], tuple[Any]]:
+        return (type(self), (self.decision,))
 
 
 class StorageError(StormguardError):

@@ -27,6 +27,8 @@ for _names, _secs in (
     (("h", "hr", "hrs", "hour", "hours"), 3600.0),
     (("d", "day", "days"), 86400.0),
     (("w", "week", "weeks"), 604800.0),
+    (("mo", "month", "months"), 30 * 86400.0),  # as limits and envoyproxy/ratelimit
+    (("y", "yr", "year", "years"), 365 * 86400.0),
 ):
     for _n in _names:
         UNITS[_n] = _secs

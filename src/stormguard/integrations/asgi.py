@@ -9,8 +9,9 @@ from stormguard._core.errors import ConfigError
 from stormguard.integrations.headers import MiddlewareBase, RulesArg, denied_body, log_refused
 from stormguard.ratelimit.limiter import AsyncRateLimiter, RateLimiter
 from stormguard.ratelimit.rules import RequestAttrs, acheck_plan
+from stormguard.stores.memory import MemoryStore
 
-__all__ = ["RateLimitMiddleware", "Scope"]
+__all__ = ["RateLimitMiddleware", "Scope", "check_async_limiter"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -19,19 +20,43 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
+def check_async_limiter(limiter: object) -> None:
+    """Refuse a limiter that would block the event loop: an :class:`AsyncRateLimiter`,
+    or a blocking :class:`RateLimiter` over the in-process memory store (which never
+    blocks); anything else is a :class:`ConfigError` naming ``limiter``."""
+    if isinstance(limiter, AsyncRateLimiter):
+        return
+    if not isinstance(limiter, RateLimiter):
+        raise ConfigError("limiter", limiter, "must be an AsyncRateLimiter or RateLimiter")
+    if not isinstance(limiter.store, MemoryStore):
+        raise ConfigError("limiter", limiter,
+                          f"a blocking RateLimiter over {type(limiter.store).__name__} would "
+                          "block the event loop on every check (up to the store's timeout); "
+                          "use AsyncRateLimiter with the same store (a blocking RateLimiter "
+                          "is accepted only over memory://, which never blocks)")
+
+
 class RateLimitMiddleware(MiddlewareBase):
     """Pure ASGI middleware. ``user(scope)`` and ``tier(scope)`` return the user id and
-    tier (or None); the API key comes from ``api_key_header``."""
+    tier (or None); the API key comes from ``api_key_header``.
+
+    ``limiter`` is an :class:`AsyncRateLimiter` (a blocking :class:`RateLimiter` only over
+    ``memory://``: over Redis it would block the event loop, and is refused). Requests
+    whose path matches an ``exempt`` glob (``["/healthz", "/metrics", "/docs*"]``) are
+    neither checked nor given headers. ``reset_header="epoch"`` sends
+    ``X-RateLimit-Reset`` as an epoch timestamp instead of seconds from now.
+    """
 
     def __init__(self, app: ASGIApp, *, limiter: AsyncRateLimiter | RateLimiter,
                  rules: RulesArg, user: Callable[[Scope], str | None] | None = None,
                  tier: Callable[[Scope], str | None] | None = None,
                  api_key_header: str | None = "x-api-key",
-                 trusted_proxies: Iterable[str] = ()) -> None:
-        if not isinstance(limiter, AsyncRateLimiter | RateLimiter):
-            raise ConfigError("limiter", limiter, "must be an AsyncRateLimiter or RateLimiter")
+                 trusted_proxies: Iterable[str] = (), exempt: Iterable[str] = (),
+                 reset_header: str = "seconds") -> None:
+        check_async_limiter(limiter)
         super().__init__(limiter, rules, user=user, tier=tier, api_key_header=api_key_header,
-                         trusted_proxies=trusted_proxies)
+                         trusted_proxies=trusted_proxies, exempt=exempt,
+                         reset_header=reset_header)
         self.app = app
         self._api_key = self.api_key_header.encode() if self.api_key_header else None
 
@@ -55,7 +80,8 @@ class RateLimitMiddleware(MiddlewareBase):
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or (
+                self.is_exempt is not None and self.is_exempt(scope.get("path") or "")):
             await self.app(scope, receive, send)
             return
         plan = self.rules.plan(self.attrs(scope))
@@ -68,7 +94,7 @@ class RateLimitMiddleware(MiddlewareBase):
             log_refused(exc)
             await self.app(scope, receive, send)
             return
-        headers = [(k.lower().encode(), v.encode()) for k, v in result.headers().items()]
+        headers = [(k.lower().encode(), v.encode()) for k, v in self.headers(result).items()]
         if not result.allowed:
             body = denied_body(result)
             await send({"type": "http.response.start", "status": 429, "headers": [

@@ -17,19 +17,22 @@ WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 class WSGIRateLimitMiddleware(MiddlewareBase):
     """WSGI middleware with a blocking :class:`RateLimiter`. ``user(environ)`` and
-    ``tier(environ)`` return the user id and tier (or None)."""
+    ``tier(environ)`` return the user id and tier (or None); ``exempt`` and
+    ``reset_header`` as for :class:`~stormguard.middleware.RateLimitMiddleware`."""
 
     def __init__(self, app: WSGIApp, *, limiter: RateLimiter, rules: RulesArg,
                  user: Callable[[dict[str, Any]], str | None] | None = None,
                  tier: Callable[[dict[str, Any]], str | None] | None = None,
                  api_key_header: str | None = "x-api-key",
-                 trusted_proxies: Iterable[str] = ()) -> None:
+                 trusted_proxies: Iterable[str] = (), exempt: Iterable[str] = (),
+                 reset_header: str = "seconds") -> None:
         if not isinstance(limiter, RateLimiter):
             raise ConfigError("limiter", limiter,
                               "must be a RateLimiter (WSGI is blocking; use "
                               "RateLimitMiddleware for an AsyncRateLimiter)")
         super().__init__(limiter, rules, user=user, tier=tier, api_key_header=api_key_header,
-                         trusted_proxies=trusted_proxies)
+                         trusted_proxies=trusted_proxies, exempt=exempt,
+                         reset_header=reset_header)
         self.app = app
         self._api_key_env = ("HTTP_" + self.api_key_header.upper().replace("-", "_")
                              if self.api_key_header else None)
@@ -50,6 +53,9 @@ class WSGIRateLimitMiddleware(MiddlewareBase):
                  ) -> Iterable[bytes]:
         if not self._warned_workers:
             self.check_multiprocess(environ.get("wsgi.multiprocess"))
+        if self.is_exempt is not None and self.is_exempt(
+                environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")):
+            return self.app(environ, start_response)
         attrs = self.attrs(environ)
         if not self.rules.match(attrs):
             return self.app(environ, start_response)
@@ -58,7 +64,7 @@ class WSGIRateLimitMiddleware(MiddlewareBase):
         except ConfigError as exc:  # a rule the store cannot enforce: never a 500
             log_refused(exc)
             return self.app(environ, start_response)
-        headers = list(result.headers().items())
+        headers = list(self.headers(result).items())
         if not result.allowed:
             body = denied_body(result)
             start_response("429 Too Many Requests", [

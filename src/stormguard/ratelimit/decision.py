@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
+import time
 from operator import itemgetter
 from typing import TYPE_CHECKING
+
+from stormguard._core.errors import ConfigError
 
 if TYPE_CHECKING:
     from stormguard.ratelimit.rule import Rule
@@ -87,10 +90,26 @@ class Decision(tuple[bool, int, int, float, float, "Rule | None", bool]):
             "degraded": self.degraded,
         }
 
-    def headers(self) -> dict[str, str]:
+    def reset_epoch(self, now: float | None = None, field: str = "epoch") -> int:
+        """When the quota is fully restored, as epoch seconds (an integer, rounded up);
+        ``now`` is the wall time (default :func:`time.time`)."""
+        if field != "epoch":
+            raise ConfigError("reset_header", field, "must be 'seconds' or 'epoch'")
+        if now is None:
+            now = time.time()
+        return max(0, math.ceil(now + self.reset_after - 1e-6))
+
+    def headers(self, reset_header: str = "seconds", now: float | None = None
+                ) -> dict[str, str]:
         """Response headers: ``X-RateLimit-*``, IETF ``RateLimit`` / ``RateLimit-Policy``
         (draft-ietf-httpapi-ratelimit-headers, structured fields) and ``Retry-After``
-        when denied."""
+        when denied.
+
+        ``X-RateLimit-Reset`` is in seconds from now (``reset_header="seconds"``, the
+        default) or an epoch timestamp in whole seconds, rounded up (``"epoch"``, as
+        Flask-Limiter and slowapi send it; ``now`` is the wall time, default
+        :func:`time.time`). ``RateLimit``'s ``t`` and ``Retry-After`` are always seconds.
+        """
         reset = _ceil_s(self.reset_after)
         remaining = self.remaining if self.remaining > 0 else 0
         rule = self.rule
@@ -101,6 +120,8 @@ class Decision(tuple[bool, int, int, float, float, "Rule | None", bool]):
             "X-RateLimit-Remaining": str(remaining),
             "X-RateLimit-Reset": str(reset),
         }
+        if reset_header != "seconds":
+            h["X-RateLimit-Reset"] = str(self.reset_epoch(now, reset_header))
         if rule is not None:
             window = max(1, math.ceil(rule.window - 1e-9))
             h["RateLimit-Policy"] = f'"{name}";q={rule.limit};w={window}'

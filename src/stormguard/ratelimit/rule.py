@@ -23,6 +23,7 @@ _PARSE = re.compile(
 )
 
 _MAX_WINDOW = 366 * 86400.0
+_SEPARATORS = re.compile(r"[;,|]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +98,8 @@ class Rule:
     def parse(cls, text: str, *, algorithm: str | None = None, name: str | None = None,
               burst: int | None = None) -> Rule:
         """Parse ``"100/minute"``, ``"10/second"``, ``"5 per 2 seconds"``,
-        ``"100/minute burst 150"``, ``"1000/hour"``, ``"20/5m"``."""
+        ``"100/minute burst 150"``, ``"1000/hour"``, ``"20/5m"``, ``"1000/month"`` (30
+        days), ``"10000/year"`` (365 days)."""
         if not isinstance(text, str):
             raise ConfigError("rule", text, "must be a string like '100/minute'")
         m = _PARSE.match(text)
@@ -108,7 +110,7 @@ class Rule:
         secs = validate.UNITS.get(unit)
         if secs is None:
             raise ConfigError("rule", text, f"unknown time unit {unit!r}; expected one of "
-                              "ms, second, minute, hour, day, week")
+                              "ms, second, minute, hour, day, week, month, year")
         count = float(m["count"]) if m["count"] else 1.0
         if count <= 0:
             raise ConfigError("rule", text, "window count must be positive")
@@ -120,6 +122,21 @@ class Rule:
         if window == int(window):
             window = int(window)
         return cls(int(m["limit"]), window, algorithm=algorithm, burst=burst, name=name)
+
+    @classmethod
+    def parse_many(cls, text: str, *, algorithm: str | None = None) -> list[Rule]:
+        """Several limits in one string, as limits / Flask-Limiter / slowapi write them:
+        ``"10/minute;100/hour"`` (``;``, ``,`` or ``|`` between limits) -> one
+        :class:`Rule` each, in order (for :meth:`RateLimiter.hit_all`)."""
+        if not isinstance(text, str):
+            raise ConfigError("rule", text, "must be a string like '10/minute;100/hour'")
+        parts = [part.strip() for part in _SEPARATORS.split(text)]
+        if not any(parts):
+            raise ConfigError("rule", text, "names no limit; expected forms like "
+                              "'10/minute;100/hour'")
+        if not all(parts):
+            raise ConfigError("rule", text, "an empty limit between separators")
+        return [cls.parse(part, algorithm=algorithm) for part in parts]
 
     def with_limit(self, limit: int) -> Rule:
         """A copy of this rule with another limit (and the burst scaled alike)."""

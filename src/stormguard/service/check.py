@@ -1,5 +1,7 @@
 """The check API: ``POST /v1/check`` (a raw ASGI handler, the hot path) and
-``POST /v1/check/batch``."""
+``POST /v1/check/batch``. A check is a key and a rule name, a key and an inline limit
+(:mod:`.inline`), or request attributes that the rules match; every answer carries
+``reset`` (epoch seconds)."""
 
 from __future__ import annotations
 
@@ -15,18 +17,20 @@ from starlette.types import Receive, Scope, Send
 from stormguard._core.errors import ConfigError
 from stormguard.ratelimit.rules import (
     CheckResult,
+    Matched,
     Plan,
     RequestAttrs,
     RuleSet,
-    RuleSpec,
     acheck_plan,
 )
 from stormguard.service.base import ServiceBase
 from stormguard.service.http import ApiError, json_response, loads, read_body, read_json
+from stormguard.service.inline import INLINE_FIELDS, InlineRule, parse_inline, reset_epoch
 from stormguard.stores.base import check_cost
+from stormguard.stores.memory import MemoryStore
 
 __all__ = ["MAX_BATCH", "MAX_EVALUATIONS", "MAX_KEY", "MAX_MATCHES", "CheckEndpoints",
-           "parse_check", "plan_check", "result_json"]
+           "parse_check", "plan_check", "result_dict", "result_json"]
 
 MAX_BATCH = 1000
 MAX_KEY = 4096
@@ -41,7 +45,7 @@ _YIELD_EVERY = 20_000
 """Rule evaluations (a matched pair counts 20) between two yields to the event loop in a
 batch: about 5-10 ms of work in pure Python."""
 _ATTRS = ("user", "api_key", "ip", "method", "path", "tier")
-_CHECK_FIELDS = frozenset(("key", "rule", "cost", *_ATTRS))
+_CHECK_FIELDS = frozenset(("key", "rule", "cost", *_ATTRS, *INLINE_FIELDS))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -53,11 +57,17 @@ def _names(names: list[str]) -> str:
     return "[" + ",".join(_jstr(n) for n in names) + "]" if names else "[]"
 
 
-def result_json(result: CheckResult) -> bytes:
-    """``CheckResult.to_dict()`` as JSON, formatted directly (the hot path of /v1/check)."""
+def result_dict(result: CheckResult, now: float) -> dict[str, object]:
+    """An answer of the check API: ``CheckResult.to_dict()`` and ``reset`` (epoch s)."""
+    return {**result.to_dict(), "reset": reset_epoch(result, now)}
+
+
+def result_json(result: CheckResult, now: float) -> bytes:
+    """:func:`result_dict` as JSON, formatted directly (the hot path of /v1/check)."""
     d = result.decision
     tail = (f'"degraded":{"true" if result.degraded else "false"},'
-            f'"shadow_denied":{_names(result.shadow_denied)},"rules":{_names(result.rules)}}}')
+            f'"shadow_denied":{_names(result.shadow_denied)},"rules":{_names(result.rules)},'
+            f'"reset":{reset_epoch(result, now)}}}')
     if d is None:
         return ('{"allowed":true,"limit":null,"remaining":null,"reset_after":0.0,'
                 '"retry_after":0.0,"rule":null,"shadow":false,' + tail).encode()
@@ -73,7 +83,7 @@ class Check:
 
     __slots__ = ("attrs", "cost", "key", "spec")
 
-    def __init__(self, key: str | None, spec: RuleSpec | None, attrs: RequestAttrs | None,
+    def __init__(self, key: str | None, spec: Matched | None, attrs: RequestAttrs | None,
                  cost: int) -> None:
         self.key = key
         self.spec = spec
@@ -98,18 +108,24 @@ def parse_check(obj: object, rules: RuleSet, where: str = "") -> Check:
             raise ApiError(422, f"{where}{name}: must be a string (got {v!r:.40})",
                            field=f"{where}{name}")
     key, rule = obj.get("key"), obj.get("rule")
-    if key is not None or rule is not None:
+    inline = [n for n in INLINE_FIELDS if obj.get(n) is not None]
+    if key is not None or rule is not None or inline:
         if not isinstance(key, str) or not key or len(key) > MAX_KEY:
             raise ApiError(422, f"{where}key: must be a non-empty string of at most {MAX_KEY} "
-                           f"characters when 'rule' is given (got {key!r:.40})",
+                           f"characters when 'rule' or 'limit' is given (got {key!r:.40})",
                            field=f"{where}key")
+        if inline and rule is not None:
+            raise ApiError(422, f"{where}{inline[0]}: give either a rule name or an inline "
+                           "limit, not both", field=f"{where}{inline[0]}")
+        attrs = [n for n in _ATTRS if obj.get(n) is not None]
+        if attrs:
+            raise ApiError(422, f"{where}{attrs[0]}: give either key+rule (or key+limit) or "
+                           "request attributes, not both", field=f"{where}{attrs[0]}")
+        if inline:
+            return Check(key, parse_inline(obj, where), None, cost)
         if not isinstance(rule, str):
             raise ApiError(422, f"{where}rule: must be a rule name when 'key' is given "
                            f"(got {rule!r:.40})", field=f"{where}rule")
-        attrs = [n for n in _ATTRS if obj.get(n) is not None]
-        if attrs:
-            raise ApiError(422, f"{where}{attrs[0]}: give either key+rule or request "
-                           "attributes, not both", field=f"{where}{attrs[0]}")
         spec = rules.get(rule)
         if spec is None:
             raise ApiError(404, f"{where}rule: unknown rule {rule!r:.80}", field=f"{where}rule")
@@ -151,6 +167,8 @@ class CheckEndpoints(ServiceBase):
             raise ApiError(422, f"the store refuses the rule: {exc}"[:500],
                            field=exc.field) from None
         self.metrics.record(result, time.perf_counter() - t0)
+        if len(plan) == 1 and type(plan[0][1]) is InlineRule:
+            result.rules = []  # no named rule applied
         return result
 
     async def check(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -162,7 +180,7 @@ class CheckEndpoints(ServiceBase):
             rules = self.source.current
             c = parse_check(loads(await read_body(scope, receive)), rules)
             result = await self._run(plan_check(c, rules), c.cost)
-            status, body = 200, result_json(result)
+            status, body = 200, result_json(result, self.limiter.store.clock.wall())
             headers = [(k.lower().encode(), v.encode()) for k, v in result.headers().items()]
         except ApiError as exc:
             status, body = exc.status, exc.body()
@@ -207,11 +225,23 @@ class CheckEndpoints(ServiceBase):
             if work >= _YIELD_EVERY:
                 work = 0
                 await asyncio.sleep(0)  # let other requests in between
-        results = []
-        for plan, cost in plans:
-            results.append((await self._run(plan, cost)).to_dict())
-            work += 20 * len(plan)
-            if work >= _YIELD_EVERY:
-                work = 0
-                await asyncio.sleep(0)
-        return json_response({"results": results})
+        if isinstance(self.limiter.store, MemoryStore):
+            # never waits on I/O: one task per check would only add overhead
+            results = []
+            for plan, cost in plans:
+                results.append(await self._run(plan, cost))
+                work += 20 * len(plan)
+                if work >= _YIELD_EVERY:
+                    work = 0
+                    await asyncio.sleep(0)
+        else:
+            # concurrently, as the library's own concurrent path: the store batches the
+            # checks in flight together (one round trip per batch and node, not per check)
+            answers = await asyncio.gather(*(self._run(plan, cost) for plan, cost in plans),
+                                           return_exceptions=True)
+            for answer in answers:
+                if isinstance(answer, BaseException):
+                    raise answer
+            results = [a for a in answers if not isinstance(a, BaseException)]
+        now = self.limiter.store.clock.wall()
+        return json_response({"results": [result_dict(r, now) for r in results]})

@@ -62,6 +62,14 @@ _RATE_LIMIT_HEADERS = {
 
 @functools.cache
 def _document() -> dict[str, Any]:
+    limit = {
+        "limit": {"type": "integer", "minimum": 1},
+        "window": {"type": ["number", "string"], "examples": [60, "1m"]},
+        "algorithm": {"enum": ["fixed_window", "sliding_window_log",
+                               "sliding_window_counter", "token_bucket", "gcra",
+                               "leaky_bucket", None]},
+        "burst": {"type": ["integer", "null"], "minimum": 1},
+    }
     rule = {
         "type": "object",
         "required": ["name", "scope", "limit", "window"],
@@ -71,12 +79,7 @@ def _document() -> dict[str, Any]:
             "scope": {"enum": list(SCOPES)},
             "endpoint": {**_STR_OR_NULL, "examples": ["GET /search*"]},
             "tier": _STR_OR_NULL,
-            "limit": {"type": "integer", "minimum": 1},
-            "window": {"type": ["number", "string"], "examples": [60, "1m"]},
-            "algorithm": {"enum": ["fixed_window", "sliding_window_log",
-                                   "sliding_window_counter", "token_bucket", "gcra",
-                                   "leaky_bucket", None]},
-            "burst": {"type": ["integer", "null"], "minimum": 1},
+            **limit,
             "shadow": {"type": ["boolean", "null"]},
         },
     }
@@ -86,22 +89,34 @@ def _document() -> dict[str, Any]:
         "type": "object", "required": ["key", "rule"], "additionalProperties": False,
         "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 4096},
                        "rule": {"type": "string"}, "cost": cost}}
+    inline_check = {
+        "type": "object", "required": ["key", "limit", "window"], "additionalProperties": False,
+        "description": "An inline limit, validated as a rule of the rules file is (no name: "
+                       "the answer's rule is null)",
+        "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 4096,
+                               "examples": ["user:42:GET:/search"]},
+                       **limit, "cost": cost}}
     attr_check = {
         "type": "object", "additionalProperties": False,
         "properties": {"user": _STR_OR_NULL, "api_key": _STR_OR_NULL, "ip": _STR_OR_NULL,
                        "method": _STR_OR_NULL, "path": _STR_OR_NULL, "tier": _STR_OR_NULL,
                        "cost": cost}}
-    check = {"description": "Either key + rule, or request attributes that the rules match.",
-             "oneOf": [key_check, attr_check]}
+    check = {"description": "Key + rule, key + an inline limit, or request attributes "
+                            "that the rules match.",
+             "oneOf": [key_check, inline_check, attr_check]}
     result = {
         "type": "object",
         "required": ["allowed", "limit", "remaining", "reset_after", "retry_after", "rule",
-                     "shadow", "degraded"],
+                     "shadow", "degraded", "reset"],
         "properties": {
             "allowed": {"type": "boolean"},
             "limit": {"type": ["integer", "null"]},
             "remaining": {"type": ["integer", "null"]},
-            "reset_after": {"type": "number"},
+            "reset_after": {"type": "number",
+                            "description": "seconds until the quota is fully restored"},
+            "reset": {"type": "integer",
+                      "description": "when the quota is fully restored: epoch seconds, "
+                                     "rounded up (the current second when no rule applied)"},
             "retry_after": {"type": "number"},
             "rule": _STR_OR_NULL,
             "shadow": {"type": "boolean", "description": "the answer came from a shadow rule"},

@@ -1,7 +1,9 @@
 """Stores, chosen by URL through a plain registry.
 
 ``memory://`` is built in; ``redis://``, ``rediss://``, ``unix://`` and
-``redis+cluster://`` register themselves when the ``redis`` extra is installed.
+``redis+cluster://`` register themselves when the ``redis`` extra is installed;
+``stormguard+http://`` and ``stormguard+https://`` (a central ``stormguard serve``:
+:class:`stormguard.client.ServiceStore`) need the ``httpx`` extra.
 """
 
 from __future__ import annotations
@@ -27,7 +29,12 @@ _REGISTRY: dict[str, str | StoreFactory] = {
     "unix": "stormguard.stores.redis:RedisStore.from_url",
     "redis+cluster": "stormguard.stores.redis:RedisClusterStore.from_url",
     "rediss+cluster": "stormguard.stores.redis:RedisClusterStore.from_url",
+    "stormguard+http": "stormguard.client:ServiceStore.from_url",
+    "stormguard+https": "stormguard.client:ServiceStore.from_url",
 }
+
+
+_EXTRA = {"stormguard.client": "httpx"}
 
 
 def register(scheme: str, factory: StoreFactory) -> None:
@@ -41,7 +48,7 @@ def _resolve(target: str) -> StoreFactory:
         obj: Any = importlib.import_module(module)
     except ImportError as exc:
         raise ConfigError("store", target, f"backend not installed ({exc}); "
-                          "install stormguard[redis]") from exc
+                          f"install stormguard[{_EXTRA.get(module, 'redis')}]") from exc
     for part in attr.split("."):
         obj = getattr(obj, part)
     factory: StoreFactory = obj

@@ -58,14 +58,16 @@ class CheckResult:
                 "degraded": self.degraded, "shadow_denied": self.shadow_denied,
                 "rules": self.rules}
 
-    def headers(self) -> dict[str, str]:
+    def headers(self, reset_header: str = "seconds", now: float | None = None
+                ) -> dict[str, str]:
+        """The decision's response headers (see :meth:`Decision.headers`)."""
         d = self.decision
         if d is None:
             return {}
         if self.shadow and not d.allowed:
             # a shadow rule never blocks: report it as the answer the client gets
             d = Decision(True, d.limit, d.remaining, d.reset_after, 0.0, d.rule, d.degraded)
-        return d.headers()
+        return d.headers(reset_header, now)
 
 
 # A step asks the driver for one store call: (consume, key, rules, cost).

@@ -10,6 +10,13 @@ Allowed responses carry the rate-limit headers too.
 (``trusted_proxies=["10.0.0.0/8", "127.0.0.1"]``): then ``X-Forwarded-For`` is walked
 from the right, skipping trusted hops, and the first untrusted address is the client.
 A client that is not a trusted proxy cannot change its address by sending the header.
+Under uvicorn run the app with ``--no-proxy-headers``: uvicorn's default rewrites the
+client address from ``X-Forwarded-For`` (for connections from 127.0.0.1) before the
+middleware sees it; a warning is logged when such a rewrite is detected.
+
+**One store per process.** ``memory://`` counts in the process: under N workers
+(``gunicorn -w N``, ``uvicorn --workers N``) every limit admits N times its requests.
+Use ``redis://...`` for several workers; a warning is logged when it can be detected.
 
 **Store failures** follow the limiter's ``on_error`` (allow / deny / local); the limiter
 turns every :class:`~stormguard.StorageError` into a degraded decision, so a storage

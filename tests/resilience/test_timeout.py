@@ -241,3 +241,23 @@ def test_scope_and_timeout_share_one_clipping(clock: FakeClock) -> None:
         Timeout(5.0, clock=other).call(lambda: seen.append(deadline.remaining()))
         assert seen == [pytest.approx(1.5)]
     assert deadline.current() is None
+
+
+def test_deadline_exceeded_names_the_deadline_that_decided(clock: FakeClock) -> None:
+    """A per-attempt timeout cut short by a total deadline names the total one (a 2.5 s
+    total deadline used to be reported as "timeout of 0.230s")."""
+    def slow() -> None:
+        clock.advance(1.0)
+
+    def late_attempt() -> None:
+        clock.advance(2.27)
+        Timeout(1.0, clock=clock).call(slow)
+
+    with pytest.raises(DeadlineExceeded) as info:
+        Timeout(total=2.5, clock=clock).call(late_attempt)
+    assert str(info.value) == ("total deadline of 2.500s exceeded (it left this timeout of "
+                               "1.000s only 0.230s)")
+    with pytest.raises(DeadlineExceeded, match=r"^timeout of 1\.000s exceeded$"):
+        Timeout(1.0, clock=clock).call(lambda: clock.advance(1.5))
+    with pytest.raises(DeadlineExceeded, match=r"^total timeout of 2\.000s exceeded$"):
+        Timeout(total=2.0, clock=clock).call(lambda: clock.advance(2.5))

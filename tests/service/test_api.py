@@ -177,6 +177,20 @@ async def test_health_ready_metrics_openapi(client: httpx.AsyncClient) -> None:
                                  "/v1/rules/{name}", "/healthz", "/readyz", "/metrics"}
 
 
+
+async def test_openapi_declares_the_rate_limit_headers(client: httpx.AsyncClient) -> None:
+    """Every header a check answers with (allowed or denied) is in the OpenAPI document."""
+    doc = (await client.get("/openapi.json")).json()
+    declared = {h.lower() for h in doc["paths"]["/v1/check"]["post"]["responses"]["200"]
+                ["headers"]}
+    sent: set[str] = set()
+    for _ in range(4):
+        r = await client.post("/v1/check", json={"key": "user:7", "rule": "search"})
+        sent |= set(r.headers) - {"content-type", "content-length"}
+    assert "retry-after" in sent
+    assert sent == declared
+
+
 async def test_two_apps_have_separate_metrics(clock: FakeClock) -> None:
     apps = [create_app(AsyncRateLimiter(MemoryStore(clock=clock)), RULES, admin_token=None)
             for _ in range(2)]

@@ -78,8 +78,8 @@ def test_validation_names_rule_field_and_problem() -> None:
     with pytest.raises(RulesError) as info:
         RuleSet.loads(bad, source="r.yaml")
     got = {(p.rule, p.field) for p in info.value.problems}
-    assert got == {("'a'", "foo"), ("'a'", "scope"), ("'a'", "limit"), ("'b'", "window"),
-                   ("#3", "name"), ("'d'", "burst"), ("'e'", "endpoint")}
+    assert got == {("a", "foo"), ("a", "scope"), ("a", "limit"), ("b", "window"),
+                   ("#3", "name"), ("d", "burst"), ("e", "endpoint")}
     msg = str(info.value)
     assert msg.startswith("r.yaml: ")
     assert "rule 'a': field 'scope': must be one of" in msg

@@ -24,11 +24,16 @@ __all__ = ["Deadline", "clip", "current", "remaining", "scope"]
 class Deadline:
     """An absolute point on one clock's monotonic time."""
 
-    __slots__ = ("at", "clock")
+    __slots__ = ("at", "clock", "cut_by", "seconds")
 
-    def __init__(self, at: float, clock: Clock = system_clock) -> None:
+    def __init__(self, at: float, clock: Clock = system_clock, *,
+                 seconds: float | None = None, cut_by: Deadline | None = None) -> None:
         self.at = at
         self.clock = clock
+        self.seconds = seconds
+        """The length it was asked for (None: not known)."""
+        self.cut_by = cut_by
+        """The outer deadline that made it earlier than asked (:func:`clip`), or None."""
 
     def remaining(self) -> float:
         """Seconds left (negative once passed)."""
@@ -61,14 +66,18 @@ def clip(seconds: float, clock: Clock = system_clock) -> tuple[Deadline, float]:
     now = clock.monotonic()
     at = now + seconds
     outer = _current.get()
+    cut_by = None
     if outer is not None:
         if outer.clock is clock:
-            at = min(at, outer.at)
+            if outer.at < at:
+                at, cut_by = outer.at, outer
         else:
             left = outer.remaining()
             if left < seconds:
-                at = now + left
-    return Deadline(at, clock), now
+                at, cut_by = now + left, outer
+    if cut_by is not None and cut_by.cut_by is not None:
+        cut_by = cut_by.cut_by  # the deadline that decided, however deep the nesting
+    return Deadline(at, clock, seconds=seconds, cut_by=cut_by), now
 
 
 @contextmanager

@@ -1,17 +1,20 @@
 """The ``stormguard`` command: ``serve``, ``check``, ``rules validate``.
 
 Exit codes: 0 success (``check``: allowed), 1 denied or invalid rules, 2 bad usage
-(flags, unreadable files, bad configuration), 3 the store failed.
+(flags, unreadable files, bad configuration), 3 the store failed, 4 ``serve`` could not
+start serving (the port is in use, the address is not available).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from importlib import resources
 from typing import Any, NoReturn
 
@@ -22,13 +25,33 @@ __all__ = ["main"]
 EXIT_DENIED = 1
 EXIT_USAGE = 2
 EXIT_STORE = 3
+EXIT_LISTEN = 4
 SAMPLE_RULES = "<packaged sample rules>"
+log = logging.getLogger("stormguard.service")
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.subcommands: dict[str, argparse.ArgumentParser] = {}
+
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        """As argparse's, but an unknown flag is reported with the usage of the
+        subcommand it was given to (``serve --bogus``), not the top-level one."""
+        ns, extra = self.parse_known_args(args, namespace)
+        if extra:
+            sub: argparse.ArgumentParser = self
+            for name in ("command", "rules_command"):
+                choices = getattr(sub, "subcommands", {})
+                if getattr(ns, name, None) in choices:
+                    sub = choices[getattr(ns, name)]
+            sub.error(f"unrecognized arguments: {' '.join(extra)}")
+        return ns
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -48,7 +71,10 @@ def _port(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from stormguard import __version__
+
     p = _Parser(prog="stormguard", description="stormguard: rate limiting as a service.")
+    p.add_argument("--version", action="version", version=f"stormguard {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
@@ -60,8 +86,15 @@ def _parser() -> argparse.ArgumentParser:
                        help="store URL: memory:// (default), redis://host:6379/0, "
                        "redis+cluster://h1:p1,h2:p2 [env STORMGUARD_STORE]")
     serve.add_argument("--rules", default=_env("STORMGUARD_RULES"),
-                       help="rules file (YAML); control-plane edits rewrite it. Default: "
-                       "the packaged sample rules [env STORMGUARD_RULES]")
+                       help="rules file (YAML); control-plane edits are written back to it, "
+                       "comments and key order kept. Default with the memory store: the "
+                       "packaged sample rules; with Redis: the rules in Redis "
+                       "[env STORMGUARD_RULES]")
+    serve.add_argument("--sample-rules", action="store_true",
+                       default=_env("STORMGUARD_SAMPLE_RULES", "") not in ("", "0"),
+                       help="serve the packaged sample rules; with a Redis store, also "
+                       "write them into a Redis that holds no rules (never done without "
+                       "this flag) [env STORMGUARD_SAMPLE_RULES=1]")
     serve.add_argument("--host", default=_env("STORMGUARD_HOST", "127.0.0.1"),
                        help="address to listen on (default 127.0.0.1) [env STORMGUARD_HOST]")
     serve.add_argument("--port", type=_port, default=_env("STORMGUARD_PORT", "8080"),
@@ -97,6 +130,8 @@ def _parser() -> argparse.ArgumentParser:
     rsub.required = True
     validate = rsub.add_parser("validate", help="check a rules file; exit 1 if invalid")
     validate.add_argument("file")
+    p.subcommands = {"serve": serve, "check": check, "rules": rules}
+    rules.subcommands = {"validate": validate}
     return p
 
 
@@ -115,37 +150,124 @@ def _fail(message: str, code: int = EXIT_USAGE) -> int:
     return code
 
 
-def _serve(args: argparse.Namespace) -> int:
+class _Refused(Exception):
+    """A configuration ``serve`` refuses (the message, and the exit code)."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def redact(url: str) -> str:
+    """A store URL without its password (``redis://user:***@host:6379/0``)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest.split("/", 1)[0]:
+        return url
+    userinfo, _, host = rest.partition("@")
+    user, colon, _password = userinfo.partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}@{host}" if user or colon else url
+
+
+def serve_setup(args: argparse.Namespace) -> tuple[Any, Any]:
+    """What ``stormguard serve`` runs: ``(uvicorn.Config, limiter)``; logs which store and
+    which rules are in force. Raises :class:`_Refused` for a configuration it refuses."""
     import uvicorn
 
+    from stormguard.integrations.deployment import worker_count
     from stormguard.ratelimit.limiter import AsyncRateLimiter
     from stormguard.ratelimit.rules import RulesError
     from stormguard.service import create_app
     from stormguard.service.http import MAX_HEAD
 
+    if args.rules is not None and args.sample_rules:
+        raise _Refused("--rules and --sample-rules: give one of them")
+    redis_store = args.store.split("://", 1)[0].lower() != "memory"
+    rules: Any = None
     try:
-        rules = _load_rules(args.rules)
+        rules = _load_rules(args.rules) if args.rules is not None or args.sample_rules \
+            or not redis_store else None
     except RulesError as exc:
-        return _fail(str(exc))
+        raise _Refused(_problems_text(exc)) from None
     try:
         limiter = AsyncRateLimiter(args.store, on_error=args.on_error)
     except ConfigError as exc:
-        return _fail(str(exc))
-    redis_store = args.store.split("://", 1)[0].lower() != "memory"
+        raise _Refused(str(exc)) from None
+    store = redact(args.store)
     if redis_store:
+        log.info("stormguard: store %s: counters shared by every instance on it", store)
         app = create_app(limiter, rules, rules_url=args.store)
-    elif args.rules is not None:
-        app = create_app(limiter, rules_path=args.rules)
+        key = getattr(app.service.source, "key", "stormguard:rules")
+        if args.rules is not None:
+            log.info("stormguard: rules in Redis (%s on %s); %s seeds them if Redis holds "
+                     "none", key, store, args.rules)
+        elif args.sample_rules:
+            log.warning("stormguard: rules in Redis (%s on %s); the packaged SAMPLE rules "
+                        "seed them if Redis holds none (--sample-rules)", key, store)
+        else:
+            log.info("stormguard: rules in Redis (%s on %s), not seeded: an empty Redis "
+                     "stays empty (seed it with --rules FILE, or --sample-rules for the "
+                     "packaged sample rules)", key, store)
     else:
-        app = create_app(limiter, rules)
+        workers = worker_count()
+        log.info("stormguard: store %s: counters live in this process%s", store,
+                 "" if workers is None or workers <= 1 else
+                 f" (WARNING: {workers} workers: each counts on its own)")
+        if args.rules is not None:
+            app = create_app(limiter, rules_path=args.rules)
+            log.info("stormguard: rules from %s (%d rules); control-plane edits are "
+                     "written back to it", args.rules, len(rules))
+        else:
+            app = create_app(limiter, rules)
+            log.warning("stormguard: serving the packaged SAMPLE rules (%s), an example, not "
+                        "your limits: pass --rules FILE; control-plane edits stay in memory",
+                        ", ".join(r.name for r in rules))
+    if rules is not None and len(rules) == 0:
+        log.warning("stormguard: the rules hold no rule: every check is allowed")
     # h11 by default: it bounds the request line + headers (MAX_HEAD bytes, then 400 and
     # close; httptools reads headers of any size), and parses a pipelined request only
     # after the one before it was answered (httptools parses ahead: junk after a request
-    # closed the connection before that request, already charged, was answered)
+    # closed the connection before that request, already charged, was answered).
+    # proxy_headers=False: uvicorn's default would rewrite the client address from
+    # X-Forwarded-For for connections from 127.0.0.1 (the service takes the client's
+    # attributes from the check's body; nothing should trust a header for them)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             lifespan="on", timeout_graceful_shutdown=10,
-                            server_header=False, http=args.http,
+                            server_header=False, http=args.http, proxy_headers=False,
                             h11_max_incomplete_event_size=MAX_HEAD)
+    return config, limiter
+
+
+@contextlib.contextmanager
+def _log_to_stderr(level: str) -> Iterator[None]:
+    """The service's own log lines (stormguard.*) to stderr, formatted like uvicorn's,
+    while ``serve`` runs."""
+    from uvicorn.logging import DefaultFormatter
+
+    logger = logging.getLogger("stormguard")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s"))
+    previous = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(level.upper())
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    with _log_to_stderr(args.log_level):
+        return _run_server(args)
+
+
+def _run_server(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    try:
+        config, limiter = serve_setup(args)
+    except _Refused as exc:
+        return _fail(str(exc), exc.code)
     server = uvicorn.Server(config)
     stopped_by: list[int] = []
     # uvicorn handles SIGTERM/SIGINT itself (stop accepting, finish in-flight requests,
@@ -155,9 +277,22 @@ def _serve(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda signum, frame: stopped_by.append(signum))
     try:
         server.run()
+    except SystemExit as exc:  # uvicorn exits 3 when it cannot bind: 3 is ours (store)
+        if exc.code in (0, None):
+            return 0
+        return _fail(f"could not serve on {args.host}:{args.port} (the error is above: "
+                     "is the port in use?)", EXIT_LISTEN)
     finally:
         limiter.store.close()
     return 0 if server.started else 1
+
+
+def _problems_text(exc: Any) -> str:
+    """A RulesError as text: the source, then one problem per line."""
+    if len(exc.problems) == 1:
+        return str(exc)
+    lines = "\n".join(f"  {p}" for p in exc.problems)
+    return f"{exc.source or 'rules'}: invalid, nothing applied:\n{lines}"
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -175,14 +310,21 @@ def _check(args: argparse.Namespace) -> int:
     else:
         try:
             rule = Rule.parse(args.rule, name=None)
-        except ConfigError:
+        except ConfigError as exc:
             where = args.rules or SAMPLE_RULES
+            if "/" in args.rule:  # meant as a limit: say what is wrong with it
+                return _fail(f"rule {args.rule!r}: {exc.problem} (a rule like "
+                             "'100/minute', or a rule name)")
             return _fail(f"rule: unknown rule {args.rule!r} (not in {where}, and not a rule "
-                         "like '100/minute')")
+                         f"like '100/minute': {exc.problem})")
     try:
         store = from_url(args.store)
     except ConfigError as exc:
         return _fail(str(exc))
+    if args.store.split("://", 1)[0].lower() == "memory":
+        print("stormguard: note: memory:// is a new, empty store in each run of "
+              "`stormguard check` (nothing is remembered between runs; use --store "
+              "redis://... to check against shared counters)", file=sys.stderr)
     try:
         d = store.hit(args.key, rule, args.cost)
     except ConfigError as exc:
@@ -215,6 +357,10 @@ def _validate(args: argparse.Namespace) -> int:
         print(f"{args.file}: invalid, nothing would be applied:", file=sys.stderr)
         for problem in exc.problems:
             print(f"  {problem}", file=sys.stderr)
+        return 1
+    if not len(rules):
+        print(f"{args.file}: no rules: the file holds no rule (served, it would allow every "
+              "request)", file=sys.stderr)
         return 1
     print(f"{args.file}: {len(rules)} rules OK ({', '.join(r.name for r in rules)})")
     return 0

@@ -15,6 +15,7 @@ from typing import Any
 from stormguard._core import validate
 from stormguard._core.errors import ConfigError
 from stormguard.integrations.clientip import ClientIP
+from stormguard.integrations.deployment import warn_memory_store_workers
 from stormguard.ratelimit.rule import DEFAULT_ALGORITHM, Rule
 from stormguard.ratelimit.rules import CheckResult, RuleSet, RuleSpec
 
@@ -87,6 +88,14 @@ class MiddlewareBase:
         self.client_ip = ClientIP(trusted_proxies)
         self.is_exempt = exempt_matcher(exempt)
         self.reset_header = validate.one_of("reset_header", reset_header, RESET_HEADERS)
+        self._warned_workers = warn_memory_store_workers(getattr(limiter, "store", None))
+
+    def check_multiprocess(self, multiprocess: object) -> None:
+        """WSGI's ``wsgi.multiprocess`` (gunicorn sets it with more than one worker):
+        warn once when the limits live in a per-process memory store."""
+        if multiprocess and not self._warned_workers:
+            self._warned_workers = True
+            warn_memory_store_workers(getattr(self.limiter, "store", None), workers=0)
 
     def headers(self, result: CheckResult) -> dict[str, str]:
         if self.reset_header == "seconds":

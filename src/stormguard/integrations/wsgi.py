@@ -51,6 +51,8 @@ class WSGIRateLimitMiddleware(MiddlewareBase):
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]
                  ) -> Iterable[bytes]:
+        if not self._warned_workers:
+            self.check_multiprocess(environ.get("wsgi.multiprocess"))
         if self.is_exempt is not None and self.is_exempt(
                 environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")):
             return self.app(environ, start_response)

@@ -107,8 +107,14 @@ class Timeout(Policy):
 
     def _late(self, d: Deadline, now: float) -> DeadlineExceeded:
         self._timed_out(d.at - now)
-        return DeadlineExceeded(f"{'total ' if self.total else ''}timeout of "
-                                f"{d.at - now:.3f}s exceeded")
+        kind = "total timeout" if self.total else "timeout"
+        outer = d.cut_by
+        if outer is None:
+            return DeadlineExceeded(f"{kind} of {self.seconds:.3f}s exceeded")
+        # an outer deadline (Timeout(total=...), deadline.scope) decided: name it
+        length = f" of {outer.seconds:.3f}s" if outer.seconds is not None else ""
+        return DeadlineExceeded(f"total deadline{length} exceeded (it left this {kind} of "
+                                f"{self.seconds:.3f}s only {d.at - now:.3f}s)")
 
     # -- the flow, once: asyncio source, blocking twin generated (tools/unasync.py) --------
     # unasync: source timeout
@@ -117,7 +123,7 @@ class Timeout(Policy):
     ) -> Any:
         if _current.get() is None:  # the hot path: no outer deadline, nothing to clip
             now = self._monotonic()
-            d = Deadline(now + self.seconds, self._clock)
+            d = Deadline(now + self.seconds, self._clock, seconds=self.seconds)
             monotonic = self._monotonic
         else:
             d, now = self._enter()
@@ -151,7 +157,7 @@ class Timeout(Policy):
     ) -> Any:
         if _current.get() is None:  # the hot path: no outer deadline, nothing to clip
             now = self._monotonic()
-            d = Deadline(now + self.seconds, self._clock)
+            d = Deadline(now + self.seconds, self._clock, seconds=self.seconds)
             monotonic = self._monotonic
         else:
             d, now = self._enter()

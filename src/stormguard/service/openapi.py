@@ -43,6 +43,21 @@ _IF_MATCH = {"name": "If-Match", "in": "header", "required": False,
              "description": 'The ETag ("<version>") the edit is based on',
              "schema": {"type": "string"}}
 _NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
+_INT_HEADER = {"schema": {"type": "string", "pattern": "^[0-9]+$"}}
+_RATE_LIMIT_HEADERS = {
+    "X-RateLimit-Limit": {**_INT_HEADER, "description": "the binding rule's limit"},
+    "X-RateLimit-Remaining": {**_INT_HEADER, "description": "requests left in it"},
+    "X-RateLimit-Reset": {**_INT_HEADER,
+                          "description": "seconds until it is full again (rounded up)"},
+    "RateLimit": {"schema": {"type": "string"}, "examples": ['"search";r=4;t=60'],
+                  "description": "IETF draft-ietf-httpapi-ratelimit-headers: remaining "
+                                 "(r) and seconds to reset (t) of the named policy"},
+    "RateLimit-Policy": {"schema": {"type": "string"}, "examples": ['"search";q=5;w=60'],
+                         "description": "the policy: quota (q) per window (w) seconds"},
+    "Retry-After": {**_INT_HEADER,
+                    "description": "seconds to wait; only when the check is denied"},
+}
+"""The headers a check's answer carries (of the binding rule; none when no rule matched)."""
 
 
 @functools.cache
@@ -127,8 +142,9 @@ def _document() -> dict[str, Any]:
             "/v1/check": {"post": {
                 "summary": "May this request pass? (consumes quota when allowed)",
                 "requestBody": _json_body(_ref("Check")),
-                "responses": {"200": _answer("The decision (also as rate-limit headers)",
-                                             _ref("CheckResult")),
+                "responses": {"200": {**_answer("The decision (also as rate-limit headers)",
+                                                _ref("CheckResult")),
+                                      "headers": _RATE_LIMIT_HEADERS},
                               "404": _answer("Unknown rule", _ref("Error")), **_ERRORS}}},
             "/v1/check/batch": {"post": {
                 "summary": "Many independent checks in one request (at most 1000, and at "

@@ -7,7 +7,8 @@ rules in between. A new rule set is validated as a whole before anything is stor
 
 * :class:`MemoryRules`: version counter in memory (tests, throwaway instances).
 * :class:`FileRules`: a PUT rewrites the rules file atomically (temporary file in the same
-  directory, fsync, ``os.replace``), keeping its mode and owner; the version is stored in
+  directory, fsync, ``os.replace``), keeping its mode and owner, and its comments, key
+  order and layout (a YAML round trip: :mod:`.rulesfile`); the version is stored in
   the file; temporary files that a killed writer left are removed at start-up. The file is also
   polled (mtime/size), so an edit on disk is picked up; an invalid file is refused as a
   whole and the previous rules stay in force.
@@ -24,16 +25,15 @@ import contextlib
 import json
 import logging
 import os
-import stat
-import tempfile
-import time
 from collections.abc import Callable
 from typing import Any
 
 from stormguard._core.errors import StorageError
 from stormguard.ratelimit.rules import RuleProblem, RulesError, RuleSet
+from stormguard.service.rulesfile import remove_stale_temp_files, render, write_atomic
 
-__all__ = ["FileRules", "MemoryRules", "RedisRules", "RulesSource", "VersionConflict"]
+__all__ = ["FileRules", "MemoryRules", "RedisRules", "RulesSource", "VersionConflict",
+           "remove_stale_temp_files", "write_atomic"]
 
 log = logging.getLogger("stormguard.service")
 
@@ -166,105 +166,17 @@ class FileRules(RulesSource):
 
     async def _persist(self, rules: RuleSet) -> None:
         # YAML for 10,000 rules takes seconds of CPU: in the thread, with the write
-        await asyncio.to_thread(lambda: write_atomic(self.path, rules.dumps()))
+        await asyncio.to_thread(self._write, rules)
         self._stat = self._file_stat()
 
-
-_TMP_PREFIX, _TMP_SUFFIX = ".rules-", ".tmp"
-_EMPTY_TMP_AGE = 60.0
-"""Seconds after which an empty, unlocked temporary file counts as abandoned (a writer
-creates its file empty and locks it at once; one that is this old never will)."""
-
-
-def write_atomic(path: str, text: str) -> None:
-    """Replace ``path`` with ``text``: a temporary file in the same directory, fsync,
-    then ``os.replace`` (readers see the old file or the new one, never a mix).
-
-    The new file keeps the old one's permission bits and, where the process may set
-    them, its owner and group (a new file gets ``0o666 & ~umask``, as ``open`` would).
-    The temporary file is locked (``flock``) from before its first byte until it is
-    renamed, so :func:`remove_stale_temp_files` can tell a crashed writer's file from a
-    live one's."""
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        st: os.stat_result | None = os.stat(path)
-    except FileNotFoundError:
-        st = None
-    fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, suffix=_TMP_SUFFIX, dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            _lock(f.fileno(), blocking=True)
-            if st is None:
-                os.fchmod(f.fileno(), 0o666 & ~_umask())
-            else:
-                os.fchmod(f.fileno(), stat.S_IMODE(st.st_mode))
-                if (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
-                    with contextlib.suppress(PermissionError):  # only root may give away
-                        os.fchown(f.fileno(), st.st_uid, st.st_gid)
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-            os.replace(tmp, path)  # still locked: never a live writer's file to remove
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def remove_stale_temp_files(directory: str) -> list[str]:
-    """Remove the temporary files that writers killed mid-write left in ``directory``
-    (``.rules-*.tmp`` that no live process holds locked); return their paths."""
-    removed: list[str] = []
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return removed
-    for name in names:
-        if not (name.startswith(_TMP_PREFIX) and name.endswith(_TMP_SUFFIX)):
-            continue
-        tmp = os.path.join(directory, name)
+    def _write(self, rules: RuleSet) -> None:
+        """Write ``rules`` into the file, keeping its comments and layout (:mod:`.rulesfile`)."""
         try:
-            fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:
-            continue
-        try:
-            if not _lock(fd, blocking=False):
-                continue  # a live writer holds it
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                continue
-            if st.st_size == 0 and time.time() - st.st_mtime < _EMPTY_TMP_AGE:
-                continue  # just created: its writer may not have locked it yet
-            os.unlink(tmp)
-            removed.append(tmp)
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-    return removed
-
-
-def _lock(fd: int, *, blocking: bool) -> bool:
-    """An exclusive ``flock`` on ``fd`` (released when the process ends, however it
-    ends); False if another process holds it. Without ``fcntl`` (Windows) always True."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-    except BlockingIOError:
-        return False
-    return True
-
-
-def _umask() -> int:
-    """The process umask, read without changing it (Linux), else the usual 022."""
-    with contextlib.suppress(OSError, ValueError, StopIteration):
-        with open("/proc/self/status", encoding="ascii") as f:
-            line = next(x for x in f if x.startswith("Umask:"))
-        return int(line.split()[1], 8)
-    return 0o022
+            with open(self.path, encoding="utf-8") as f:
+                old: str | None = f.read()
+        except (OSError, UnicodeDecodeError):
+            old = None
+        write_atomic(self.path, render(old, rules))
 
 
 # KEYS[1] = the rules hash; ARGV[1] = expected version (-1: any), ARGV[2] = the new doc.
@@ -275,6 +187,17 @@ if tonumber(ARGV[1]) >= 0 and cur ~= tonumber(ARGV[1]) then return {0, cur} end
 local new = cur + 1
 redis.call('HSET', KEYS[1], 'version', new, 'doc', ARGV[2])
 return {1, new}
+"""
+
+# KEYS[1] = the rules hash; ARGV[1] = the version, ARGV[2] = the doc. Writes them only
+# when the hash is missing or holds an older version (Redis lost the rules: FLUSHALL, a
+# restart without persistence or from an older snapshot; versions never go back
+# otherwise), so the instances converge on the newest rules any of them holds.
+_RESEED = """
+local cur = redis.call('HGET', KEYS[1], 'version')
+if cur and tonumber(cur) >= tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'version', ARGV[1], 'doc', ARGV[2])
+return 1
 """
 
 
@@ -302,6 +225,7 @@ class RedisRules(RulesSource):
         self.poll_interval = poll_interval
         self._transport = redis_transport(url, timeout=timeout, **options)
         self._script = register("stormguard.rules.cas", _CAS)
+        self._reseed = register("stormguard.rules.reseed", _RESEED)
         self._hget_version = Command.of("HGET", self.key, "version", key=self.key)
         self._hmget = Command.of("HMGET", self.key, "version", "doc", key=self.key)
 
@@ -316,6 +240,10 @@ class RedisRules(RulesSource):
                 log.warning("stormguard: cannot reach Redis for rules, serving the initial "
                             "rules until it answers: %s", exc)
         await super().start()
+        if self.seed is None and self.current.version == 0 and not self._failing:
+            log.warning("stormguard: no rules in Redis (%s) and none to seed it with: every "
+                        "check is allowed until rules are written (PUT /v1/rules, or "
+                        "stormguard serve --rules FILE)", self.key)
 
     async def stop(self) -> None:
         await super().stop()
@@ -323,7 +251,7 @@ class RedisRules(RulesSource):
             await self._transport.aclose()
 
     async def _cas(self, expected: int, rules: RuleSet) -> int:
-        doc = json.dumps([r.to_dict(full=False) for r in rules.rules])
+        doc = _doc(rules)
         try:
             ok, version = await self._transport.acall(
                 self._script.command([self.key], [expected, doc]))
@@ -336,7 +264,13 @@ class RedisRules(RulesSource):
     async def refresh(self) -> bool:
         try:
             raw = await self._transport.acall(self._hget_version)
-            if raw is None or int(raw) == self.current.version:
+            if raw is None or int(raw) < self.current.version:
+                if self.current.version > 0:
+                    await self._restore(raw)
+                    return False
+                if raw is None:
+                    return False
+            if int(raw) == self.current.version:
                 return False
             version, doc = await self._transport.acall(self._hmget)
         except StorageError as exc:
@@ -355,6 +289,20 @@ class RedisRules(RulesSource):
         self.current = new
         return True
 
+    async def _restore(self, found: bytes | str | int | None) -> None:
+        """Redis lost the rules (FLUSHALL, a restart without persistence or from an older
+        snapshot): write this instance's current rules back, version kept, unless another
+        instance wrote the same or a newer version first (the next poll loads it);
+        without it every compare-and-set would conflict until a restart."""
+        cur = self.current
+        written = await self._transport.acall(
+            self._reseed.command([self.key], [cur.version, _doc(cur)]))
+        if written:
+            what = "missing" if found is None else f"at an older version ({int(found)})"
+            log.warning("stormguard: the rules in Redis (%s) were %s: flushed, or restarted "
+                        "without persistence; restored this instance's %d rules, version "
+                        "%d", self.key, what, len(cur), cur.version)
+
     async def edit(self, edit: Edit, if_match: frozenset[int] | None) -> RuleSet:
         async with self._lock:
             for _ in range(16):
@@ -370,6 +318,10 @@ class RedisRules(RulesSource):
                 self.current = RuleSet(new.rules, version=version)
                 return self.current
             raise StorageError("rules in Redis: too many concurrent edits")
+
+
+def _doc(rules: RuleSet) -> str:
+    return json.dumps([r.to_dict(full=False) for r in rules.rules])
 
 
 class _Conflict(Exception):

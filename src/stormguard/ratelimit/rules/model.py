@@ -25,18 +25,28 @@ FIELDS = ("name", "scope", "endpoint", "tier", "limit", "window", "algorithm", "
 _REQUIRED = ("name", "scope", "limit", "window")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
 MAX_RULES = 10_000
+_POSITION = re.compile(r"#\d+")
 
 
 @dataclass(frozen=True, slots=True)
 class RuleProblem:
-    """One validation problem: which rule, which field, what is wrong."""
+    """One validation problem: which rule, which field, what is wrong.
+
+    ``rule`` is the rule's name as written (``search``), or ``#3`` (the third rule, when
+    it has no usable name), ``-`` (the file or document as a whole) or ``?``."""
 
     rule: str
     field: str
     problem: str
 
     def __str__(self) -> str:
-        return f"rule {self.rule}: field {self.field!r}: {self.problem}"
+        if self.rule == "-":  # the file as a whole: no rule to name
+            if self.field in ("file", "yaml"):
+                return self.problem
+            return f"field {self.field!r}: {self.problem}"
+        label = self.rule if self.rule == "?" or _POSITION.fullmatch(self.rule) \
+            else repr(self.rule)
+        return f"rule {label}: field {self.field!r}: {self.problem}"
 
 
 class RulesError(ConfigError):
@@ -60,8 +70,8 @@ def _problem(exc: ConfigError) -> str:
 
 
 def _field_name(key: object) -> str:
-    """An unknown field's name as text that can always be reported (a lone surrogate, which
-    no rules file, Redis entry or JSON answer can hold, as its backslash escape)."""
+    """A field's (or rule's) name as text that can always be reported (a lone surrogate,
+    which no rules file, Redis entry or JSON answer can hold, as its backslash escape)."""
     text = str(key)
     try:
         return validate.text("field", text, empty=True)
@@ -108,7 +118,7 @@ class RuleSpec:
         if not isinstance(data, Mapping):
             raise RulesError([RuleProblem(where, "rule", "must be a mapping of fields")])
         name = data.get("name")
-        label = repr(name) if isinstance(name, str) and name else where
+        label = _field_name(name) if isinstance(name, str) and name else where
         problems = [RuleProblem(label, _field_name(k),
                                 f"unknown field; expected one of {list(FIELDS)}")
                     for k in data if k not in FIELDS]
@@ -152,7 +162,7 @@ class RuleSpec:
 def _validate(spec: RuleSpec) -> list[RuleProblem]:
     """Check every field; on success, fill in the derived fields."""
     name = spec.name
-    label = repr(name) if isinstance(name, str) else "?"
+    label = _field_name(name) if isinstance(name, str) and name else "?"
     out: list[RuleProblem] = []
 
     def bad(fieldname: str, problem: str) -> None:
@@ -202,6 +212,18 @@ def _validate(spec: RuleSpec) -> list[RuleProblem]:
     return out
 
 
+def _yaml_problem(exc: Exception) -> str:
+    """A YAML error as ``line L, column C: problem`` (the source is named by the caller;
+    PyYAML's own text names the stream ``<unicode string>``)."""
+    mark = getattr(exc, "problem_mark", None)
+    what = getattr(exc, "problem", None)
+    if mark is None or what is None:
+        return f"not valid YAML: {exc}"
+    context = getattr(exc, "context", None)
+    return (f"not valid YAML: line {mark.line + 1}, column {mark.column + 1}: {what}"
+            + (f" ({context})" if context else ""))
+
+
 class RuleSet:
     """An immutable, validated set of rules with a version (for ETags)."""
 
@@ -214,7 +236,7 @@ class RuleSet:
         problems = []
         for r in self.rules:
             if r.name in by_name:
-                problems.append(RuleProblem(repr(r.name), "name", "duplicate rule name"))
+                problems.append(RuleProblem(r.name, "name", "duplicate rule name"))
             by_name[r.name] = r
         if problems:
             raise RulesError(problems)
@@ -250,11 +272,18 @@ class RuleSet:
             raise RulesError([RuleProblem("-", "rules", f"at most {MAX_RULES} rules")], source)
         specs: list[RuleSpec] = []
         problems: list[RuleProblem] = []
+        seen: set[str] = set()
         for i, item in enumerate(data):
             try:
                 specs.append(RuleSpec.from_dict(item, where=f"#{i + 1}"))
             except RulesError as exc:
                 problems.extend(exc.problems)
+            name = item.get("name") if isinstance(item, Mapping) else None
+            if isinstance(name, str) and name:  # reported even when the rule is invalid
+                if name in seen:
+                    problems.append(RuleProblem(_field_name(name), "name",
+                                                "duplicate rule name"))
+                seen.add(name)
         if not problems:
             try:
                 return cls(specs, version=version or 0)
@@ -270,8 +299,7 @@ class RuleSet:
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise RulesError([RuleProblem("-", "yaml", f"not valid YAML: {exc}")],
-                             source) from None
+            raise RulesError([RuleProblem("-", "yaml", _yaml_problem(exc))], source) from None
         return cls.from_data([] if data is None else data, source=source)
 
     @classmethod
@@ -280,9 +308,13 @@ class RuleSet:
         try:
             with open(path, encoding="utf-8") as f:
                 text = f.read()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise RulesError([RuleProblem("-", "file", f"cannot read: {exc}")],
+        except OSError as exc:  # the source names the path; the problem, the OS error
+            raise RulesError([RuleProblem("-", "file", f"cannot read: {exc.strerror or exc}"
+                                          f"{f' (errno {exc.errno})' if exc.errno else ''}")],
                              os.fspath(path)) from None
+        except UnicodeDecodeError as exc:
+            raise RulesError([RuleProblem("-", "file", f"cannot read: not UTF-8 text (byte "
+                                          f"{exc.start})")], os.fspath(path)) from None
         return cls.loads(text, source=os.fspath(path))
 
     @classmethod

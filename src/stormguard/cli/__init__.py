@@ -70,11 +70,19 @@ def _port(text: str) -> int:
     return port
 
 
-def _parser() -> argparse.ArgumentParser:
-    from stormguard import __version__
+def _version() -> str:
+    """The installed distribution's version (the package root is not imported for it)."""
+    from importlib.metadata import PackageNotFoundError, version
 
+    try:
+        return version("stormguard")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="stormguard", description="stormguard: rate limiting as a service.")
-    p.add_argument("--version", action="version", version=f"stormguard {__version__}")
+    p.add_argument("--version", action="version", version=f"stormguard {_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 

@@ -145,3 +145,18 @@ async def test_rules_from_parse_many_apply_per_client_ip(clock: FakeClock) -> No
     with wsgi_client(wsgi) as c:
         assert [c.get("/").status_code for _ in range(2)] == [200, 429]
         assert c.get("/").headers["ratelimit-policy"] == '"one";q=1;w=60'
+
+
+def test_service_app_refuses_a_blocking_redis_limiter(redis_url: str) -> None:
+    """The service is an ASGI app too: a blocking limiter over Redis would block its loop."""
+    from stormguard import RateLimiter
+    from stormguard.service import create_app
+
+    limiter = RateLimiter(redis_url)
+    try:
+        with pytest.raises(ConfigError, match="would block the event loop") as exc:
+            create_app(limiter, [])
+        assert exc.value.field == "limiter"
+        create_app(RateLimiter("memory://"), [])  # never blocks: accepted
+    finally:
+        limiter.store.close()

@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from stormguard._core.errors import ConfigError
+from stormguard.integrations.asgi import check_async_limiter
 from stormguard.ratelimit.limiter import AsyncRateLimiter, RateLimiter
 from stormguard.ratelimit.rules import RuleSet, RuleSpec
 from stormguard.service.admin import AdminEndpoints
@@ -69,8 +69,7 @@ def create_app(limiter: AsyncRateLimiter | RateLimiter | None = None,
     """
     if limiter is None:
         limiter = AsyncRateLimiter("memory://")
-    if not isinstance(limiter, AsyncRateLimiter | RateLimiter):
-        raise ConfigError("limiter", limiter, "must be an AsyncRateLimiter or RateLimiter")
+    check_async_limiter(limiter)  # a blocking limiter over Redis would block the loop
     if admin_token is _FROM_ENV:
         admin_token = os.environ.get("STORMGUARD_ADMIN_TOKEN") or None
     initial = RuleSet.coerce(rules) if rules is not None else None

@@ -84,7 +84,7 @@ def _wait_ready(port: int, timeout: float = 10.0) -> None:
                 return
         except redis.RedisError:
             pass
-        time.sleep(0.02)
+        time.sleep(0.02)  # real time: waiting for a real redis-server to accept
     raise RuntimeError(f"redis-server on port {port} did not start")
 
 
@@ -147,7 +147,7 @@ def start_cluster(masters: int = 3) -> RedisCluster:
             if all("cluster_state:ok" in t and f"cluster_known_nodes:{masters}" in t
                    for t in texts):
                 return RedisCluster(nodes)
-            time.sleep(0.05)
+            time.sleep(0.05)  # real time: real nodes converging
         raise RuntimeError("cluster did not converge")
     except Exception:
         for n in nodes:

@@ -159,7 +159,7 @@ def test_kill_and_restart_under_threaded_load(srv: RedisServer, clock: FakeClock
         def wait_for(pred: object, limit: float = 10.0) -> None:
             end = time.monotonic() + limit
             while not pred() and time.monotonic() < end:  # type: ignore[operator]
-                time.sleep(0.001)  # let the workers run; not a timing assumption
+                time.sleep(0.001)  # real time: threads on a real server (no timing assumed)
 
         wait_for(lambda: counts["redis"] > 50)
         srv.stop()

@@ -129,7 +129,7 @@ def test_a_reset_mid_flight_ends_every_check(resetting: ResettingServer, loop_ki
         for _ in range(2000):  # the loop runs normally until the EVALSHA reached the server
             if resetting.got_evalsha.is_set():
                 break
-            await asyncio.sleep(0.001)
+            await asyncio.sleep(0.001)  # real time: a real socket to a fake server thread
         assert resetting.got_evalsha.is_set()
         # Block the loop on purpose: the server resets the socket and the RST arrives
         # while the loop cannot see it; then 40 checks start in one iteration.
@@ -243,7 +243,7 @@ def _wait_for_fail(cluster: RedisCluster, dead: RedisServer, limit: float = 20.0
         if any(f":{dead.port}@" in line and " fail " in f" {line} ".replace(",", " ")
                for line in text.splitlines()):
             return
-        time.sleep(0.05)
+        time.sleep(0.05)  # real time: real cluster nodes gossip the failure
     raise AssertionError("the cluster never marked the dead master as failed")
 
 

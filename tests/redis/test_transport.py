@@ -262,7 +262,7 @@ def tls_server() -> Iterator[tuple[int, str]]:
                     raise
                 if time.monotonic() > end:
                     raise
-                time.sleep(0.05)
+                time.sleep(0.05)  # real time: waiting for a real redis-server to listen
         yield port, cert
     finally:
         if proc.poll() is None:

@@ -149,7 +149,7 @@ async def test_cancellation_is_not_a_failure_and_frees_a_trial_slot(clock: FakeC
 
     async def hang() -> None:
         started.set()
-        await asyncio.sleep(60)
+        await asyncio.sleep(60)  # never waited: cancelled at once
 
     task = asyncio.ensure_future(b.acall(hang))
     await started.wait()

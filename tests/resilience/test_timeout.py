@@ -90,7 +90,7 @@ def test_async_code_is_cancelled_for_real(clock: FakeClock) -> None:
 
     async def hang() -> None:
         try:
-            await asyncio.sleep(30)
+            await asyncio.sleep(30)  # virtual: on clock.run, or cancelled by the timeout
         except asyncio.CancelledError:
             cancelled.append(clock.monotonic())
             raise
@@ -103,7 +103,7 @@ def test_async_code_is_cancelled_for_real(clock: FakeClock) -> None:
 
 def test_async_outer_total_cancels_inner_work(clock: FakeClock) -> None:
     async def hang() -> None:
-        await asyncio.sleep(30)
+        await asyncio.sleep(30)  # virtual: on clock.run, or cancelled by the timeout
 
     with pytest.raises(DeadlineExceeded) as info:
         clock.run(Pipeline(Timeout(total=0.03, clock=clock),
@@ -169,7 +169,7 @@ async def test_outside_cancellation_stays_a_cancellation() -> None:
 
     async def hang() -> None:
         started.set()
-        await asyncio.sleep(30)
+        await asyncio.sleep(30)  # virtual: on clock.run, or cancelled by the timeout
 
     task = asyncio.ensure_future(Timeout(10.0).acall(hang))
     await started.wait()
@@ -181,7 +181,7 @@ async def test_outside_cancellation_stays_a_cancellation() -> None:
 def test_callee_swallowing_the_cancellation_still_times_out(clock: FakeClock) -> None:
     async def stubborn() -> str:
         try:
-            await asyncio.sleep(30)
+            await asyncio.sleep(30)  # virtual: on clock.run, or cancelled by the timeout
         except asyncio.CancelledError:
             return "ignored the cancel"
         return "slept"
@@ -201,7 +201,7 @@ def test_callee_swallowing_the_cancellation_still_times_out(clock: FakeClock) ->
 def test_callee_turning_the_cancellation_into_an_error_times_out(clock: FakeClock) -> None:
     async def converts() -> None:
         try:
-            await asyncio.sleep(30)
+            await asyncio.sleep(30)  # virtual: on clock.run, or cancelled by the timeout
         except asyncio.CancelledError:
             raise Boom("cleanup failed") from None
 

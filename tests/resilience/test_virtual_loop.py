@@ -1,4 +1,6 @@
-"""FakeClock.run: asyncio on virtual time, jumping to the next timer when every task waits."""
+"""FakeClock.run: asyncio on virtual time, jumping to the next timer when every task waits.
+
+Every ``asyncio.sleep`` in this file runs on the virtual loop: no real time passes."""
 
 from __future__ import annotations
 

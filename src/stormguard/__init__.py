@@ -31,6 +31,7 @@ from stormguard.resilience import (
 )
 from stormguard.resilience.pipeline import Pipeline
 from stormguard.stores import MemoryStore, Store
+from stormguard.stores.hybrid import HybridStore
 
 if TYPE_CHECKING:
     from stormguard.stores.redis import RedisClusterStore, RedisStore
@@ -46,6 +47,7 @@ __all__ = [
     "DeadlineExceeded",
     "Decision",
     "Fallback",
+    "HybridStore",
     "MemoryStore",
     "Pipeline",
     "RateLimited",

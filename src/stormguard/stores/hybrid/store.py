@@ -92,6 +92,7 @@ class _Entry:
         "share",
         "synced_at",
         "used",
+        "window",
     )
 
     def __init__(self, key: str, rule: Rule, now: int) -> None:
@@ -99,6 +100,7 @@ class _Entry:
         self.rule = rule
         self.lease = 0          # units taken from the backend, not spent yet
         self.expires = 0        # windows: the lease is void from this time (us); 0: never
+        self.window = -1        # windows: the backend window the lease was taken in
         self.used = 0           # units spent since the last sync round
         self.demand = 0         # units asked for since the last sync round
         self.rate = 0.0         # demand, units per microsecond (smoothed over rounds)
@@ -406,7 +408,7 @@ class HybridStore(Store):
                 e.used += cost
                 return _new(Decision, (True, rule._algo.B, e.lease + e.remaining,
                                        reset_us / 1e6, 0.0, rule, False))
-            retry_us = max(retry_us, self._hold_us)
+            retry_us = self._hold(rule, sent, retry_us)
             e.denied_until = sent + retry_us
             e.denied_cost = cost
         return _new(Decision, (False, rule._algo.B, remaining, reset_us / 1e6, retry_us / 1e6,
@@ -422,11 +424,15 @@ class HybridStore(Store):
         e.reset_at = sent + reset_us
         if rule.algorithm in _WINDOWS:
             w = rule._algo.W
-            expires = sent + ((bnow // w + 1) * w - bnow)
-            if expires != e.expires:
+            window = bnow // w
+            expires = sent + ((window + 1) * w - bnow)
+            if window != e.window:
                 # a lease of another window: what is left of the old one is void
                 e.lease = 0
                 e.granted = 0
+                e.window = window
+                e.expires = expires
+            elif expires < e.expires:
                 e.expires = expires
         if granted > 0:
             e.lease += granted
@@ -436,6 +442,16 @@ class HybridStore(Store):
             if used > 0:
                 share = min(1.0, e.granted / used)
                 e.share = share if e.share < 0 else 0.5 * (e.share + share)
+
+    def _hold(self, rule: Rule, now: int, retry_us: int) -> int:
+        """How long this process keeps a denial: ``max(retry_after, deny_hold)``, but for
+        the sliding window counter, whose capacity frees continuously, no more than half
+        the time left in the window (what frees late in a window is taken in it)."""
+        hold = self._hold_us
+        if rule.algorithm == "sliding_window_counter":
+            w = rule._algo.W
+            hold = min(hold, (w - now % w) // 2)
+        return max(retry_us, hold)
 
     def _entry(self, key: str, rule: Rule, now: int) -> _Entry:
         k = (rule._id, key)
@@ -676,7 +692,7 @@ class HybridStore(Store):
                     e = self._entry(key, r, now)
                     self._credit(e, g, now)
                     if g[0] < cost and e.lease < cost:
-                        e.denied_until = now + max(g[3], self._hold_us)
+                        e.denied_until = now + self._hold(e.rule, now, g[3])
                         e.denied_cost = cost
                         return _new(Decision, (False, r._algo.B, g[1], g[2] / 1e6,
                                                g[3] / 1e6, r, False))
@@ -750,9 +766,10 @@ class HybridStore(Store):
                 continue
             lease = e.lease if (e.expires == 0 or now < e.expires) else 0
             horizon = 2 * interval_us
-            if e.expires and rule.algorithm in _WINDOWS:
-                left = e.expires - now if now < e.expires else rule._algo.W
-                horizon = min(horizon, left + interval_us)
+            if rule.algorithm in _WINDOWS:
+                # a window's lease is void at its end: no more than the demand until then
+                w = rule._algo.W
+                horizon = min(horizon, w - now % w)
             need = math.ceil(e.rate * horizon) - lease
             if need <= 0:
                 continue
@@ -827,7 +844,7 @@ class HybridStore(Store):
                 self._credit(e, g, now)
                 granted += g[0]
                 if g[0] == 0 and g[3] > 0 and e.lease == 0:
-                    e.denied_until = now + max(g[3], self._hold_us)
+                    e.denied_until = now + self._hold(e.rule, now, g[3])
                     e.denied_cost = 1
         if failed and failed == len(grants):
             self._set_degraded(True, error)

@@ -18,7 +18,8 @@ from stormguard._core import validate
 from stormguard.ratelimit.rule import Rule
 from stormguard.stores.redis import scripts
 
-__all__ = ["LEASE", "LEASE_SCRIPT", "LEASE_SCRIPT_NAME", "RESERVE_SCRIPT", "RESERVE_SCRIPT_NAME", "SCRIPT", "SCRIPT_NAME", "TimeSource",
+__all__ = ["LEASE", "LEASE_SCRIPT", "LEASE_SCRIPT_NAME", "RESERVE_SCRIPT", "RESERVE_SCRIPT_NAME",
+           "SCRIPT", "SCRIPT_NAME", "TimeSource",
            "bulk", "load_script", "rule_args", "tag"]
 
 TimeSource = Literal["server", "client"]

@@ -51,6 +51,9 @@ class Backend:
         store = self.store
         now = wall_us(store.clock)
         self._trips += 1
+        if want == 0:  # a read
+            d = store.peek(key, rule, 1)
+            return (0, d[2], round(d[3] * 1e6), 0, now)
         d = store.hit(key, rule, want)
         if d[0]:
             return (want, d[2], round(d[3] * 1e6), 0, now)
@@ -87,6 +90,9 @@ class Backend:
         store = self.store
         now = wall_us(store.clock)
         self._trips += 1
+        if want == 0:
+            d = await store.apeek(key, rule, 1)
+            return (0, d[2], round(d[3] * 1e6), 0, now)
         d = await store.ahit(key, rule, want)
         if d[0]:
             return (want, d[2], round(d[3] * 1e6), 0, now)

@@ -89,7 +89,6 @@ class _Entry:
         "remaining",
         "reset_at",
         "rule",
-        "share",
         "synced_at",
         "used",
         "window",
@@ -111,7 +110,6 @@ class _Entry:
         self.denied_cost = 0
         self.synced_at = now
         self.idle = 0
-        self.share = -1.0       # this process's share of the key's use (-1: unknown)
         self.dentry: list[Any] | None = None  # the local state while degraded
         self.dused = 0          # admitted while degraded, to charge on reconnection
         self.dwindow = 0
@@ -162,8 +160,8 @@ class HybridStore(Store):
       over its limit costs about one round trip per ``deny_hold`` per process; the
       capacity freed meanwhile is not lost, another process or the next lease takes it.
     * ``outage_share``: the share of a key's limit this process enforces while the
-      backend is unreachable, for a key it held no share of (default: the median share
-      of the keys it held, 1.0 when it held none).
+      backend is unreachable (default: ``1 / peers``, the processes counted on the
+      backend at the last sync rounds; what it took in the current window counts).
 
     ``sliding_window_log`` is exact by definition: its checks always go to the backend.
     """
@@ -208,9 +206,16 @@ class HybridStore(Store):
         self._hot = HotKeys(self.hot_rate, self.hot_period, self.sketch_size) \
             if self.hot_rate > 0 else None
         self._shard_rules: dict[tuple[str, int], Rule] = {}
-        self._outage_rules: dict[tuple[str, int], Rule] = {}
+        self._outage_rules: dict[tuple[str, int], Rule] = {}  # (rule id, limit) -> rule
         self._home = (id(self) ^ (time.perf_counter_ns() >> 10)) % self.shards
         self._degraded = False
+        # the processes sharing the backend, counted on it: each adds 1 per peer window
+        peer_window = max(1.0, 4 * sync_interval) if sync_interval is not None else 1.0
+        self._peer_rule = Rule(2**40, peer_window, "fixed_window", name="hybrid-peers")
+        self._peer_key = "\x00stormguard.hybrid.peers"
+        self._peer_win = -1
+        self._peers = 1
+        self._peers_last = 0
         self._last_sync = self._now()
         self._local_decisions = 0
         self._direct_checks = 0
@@ -438,10 +443,6 @@ class HybridStore(Store):
             e.lease += granted
             e.granted += granted
             e.denied_until = 0
-            used = rule._algo.B - remaining
-            if used > 0:
-                share = min(1.0, e.granted / used)
-                e.share = share if e.share < 0 else 0.5 * (e.share + share)
 
     def _hold(self, rule: Rule, now: int, retry_us: int) -> int:
         """How long this process keeps a denial: ``max(retry_after, deny_hold)``, but for
@@ -464,21 +465,23 @@ class HybridStore(Store):
 
     # -- degraded: the shares held -------------------------------------------------------
     def _share_of(self, e: _Entry | None) -> float:
-        if e is not None and e.share >= 0:
-            return e.share
+        """This process's share of a key's limit while the backend is unreachable: an
+        equal share of the processes seen at the last sync rounds."""
         if self.outage_share is not None:
             return self.outage_share
-        shares = sorted(x.share for x in self._entries.values() if x.share >= 0)
-        return shares[len(shares) // 2] if shares else 1.0
+        return 1.0 / max(1, self._peers)
 
     def _outage_rule(self, rule: Rule, share: float) -> Rule:
-        step = max(1, min(64, round(share * 64)))
-        r = self._outage_rules.get((rule._id, step))
+        """``rule`` with its limit (and burst) cut to ``share`` of it, rounded down."""
+        limit = max(1, math.floor(rule.limit * share))
+        r = self._outage_rules.get((rule._id, limit))
         if r is None:
-            burst = (max(1, rule.capacity * step // 64) if rule.burst is not None else None)
-            r = Rule(max(1, rule.limit * step // 64), rule.window, rule.algorithm, burst,
-                     rule.name)
-            self._outage_rules[(rule._id, step)] = r
+            burst = (max(1, math.floor(rule.capacity * share)) if rule.burst is not None
+                     else None)
+            r = Rule(limit, rule.window, rule.algorithm, burst, rule.name)
+            if len(self._outage_rules) > 4096:
+                self._outage_rules.clear()
+            self._outage_rules[(rule._id, limit)] = r
         return r
 
     def _degraded_hit(self, key: str, rule: Rule, cost: int, consume: bool = True) -> Decision:
@@ -496,6 +499,9 @@ class HybridStore(Store):
             algo = local._algo
             if e.dentry is None:
                 e.dentry = algo.fresh()
+                if rule.algorithm in _WINDOWS and e.granted and e.expires and now < e.expires:
+                    # what it took in this window counts against its share
+                    algo.apply(e.dentry, now, min(e.granted, algo.B), True)
             c = min(cost, algo.B)
             v = algo.apply(e.dentry, now, c, consume)
             if v[0] and consume:
@@ -735,12 +741,21 @@ class HybridStore(Store):
         return self.backend.ping()
 
     # -- sync rounds ---------------------------------------------------------------------
-    def _plan(self, now: int) -> tuple[list[_Entry], list[LeaseRequest]]:
+    def _plan(self, now: int) -> tuple[list[_Entry | None], list[LeaseRequest]]:
         """The leases of one round (lock held): for every key in use, what its demand
         needs until the next round; while degraded, the admissions to charge."""
         interval_us = self._interval_us(now)
-        entries: list[_Entry] = []
+        entries: list[_Entry | None] = []
         requests: list[LeaseRequest] = []
+        if not self._degraded:
+            # count this process in once per peer window; read the count every round
+            win = now // self._peer_rule._algo.W
+            entries.append(None)
+            requests.append((self._peer_key, self._peer_rule,
+                             1 if win != self._peer_win else 0, 0))
+            if win != self._peer_win:
+                self._peers_last = self._peers if self._peer_win == win - 1 else 0
+                self._peer_win = win
         drop = []
         for k, e in self._entries.items():
             rule = e.rule
@@ -790,7 +805,7 @@ class HybridStore(Store):
                 entries, requests = self._plan(now)
                 self._last_sync = now
             trips = self._b.round_trips
-            if requests:
+            if requests and not (was_degraded and len(requests) == 0):
                 grants = self._b.lease_many(requests)
             elif was_degraded:
                 grants = []
@@ -825,7 +840,7 @@ class HybridStore(Store):
         except StorageError:
             return False
 
-    def _fold(self, entries: list[_Entry], grants: list[Grant | StorageError], now: int,
+    def _fold(self, entries: list[_Entry | None], grants: list[Grant | StorageError], now: int,
               was_degraded: bool, trips: int, start: float) -> dict[str, Any]:
         failed = 0
         granted = 0
@@ -835,6 +850,9 @@ class HybridStore(Store):
                 if isinstance(g, StorageError):
                     failed += 1
                     error = str(g)
+                    continue
+                if e is None:  # the peer count: this window's, or the last whole one's
+                    self._peers = max(1, self._peer_rule._algo.B - g[1], self._peers_last)
                     continue
                 if was_degraded:
                     e.dused = 0  # charged (as much as the counter could take)
@@ -853,8 +871,9 @@ class HybridStore(Store):
                 for e in self._entries.values():
                     e.dentry = None
             self._set_degraded(False, "")
-        self._keys_synced += len(entries)
-        return self._round(len(entries), granted, self._b.round_trips - trips, failed, start)
+        keys = sum(1 for e in entries if e is not None)
+        self._keys_synced += keys
+        return self._round(keys, granted, self._b.round_trips - trips, failed, start)
 
     def _round(self, keys: int, granted: int, trips: int, failed: int,
                start: float) -> dict[str, Any]:
@@ -920,6 +939,7 @@ class HybridStore(Store):
             "denials_cached": self._denials_cached,
             "degraded_decisions": self._degraded_decisions,
             "local_keys": local_keys,
+            "peers": self._peers,
             "hot_keys": len(self._hot.hot) if self._hot is not None else None,
         }
 

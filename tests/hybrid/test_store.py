@@ -128,7 +128,8 @@ def test_a_denied_key_costs_one_round_trip_per_hold(clock: FakeClock) -> None:
     trips = a.stats()["backend_round_trips"]
     for _ in range(1000):
         d = a.hit("bot", rule)
-        assert not d.allowed and d.retry_after > 0
+        assert not d.allowed
+        assert d.retry_after > 0
     assert a.stats()["backend_round_trips"] == trips  # remembered until retry_after
     assert a.stats()["denials_cached"] >= 1000
 
@@ -169,7 +170,8 @@ def test_sync_is_one_round_trip_for_many_keys(clock: FakeClock) -> None:
     assert round_["keys"] == 200
     assert round_["round_trips"] == 1
     assert a.stats()["backend_round_trips"] == before + 1
-    assert a.stats()["keys_synced"] == 200 and a.stats()["syncs"] == 1
+    assert a.stats()["keys_synced"] == 200
+    assert a.stats()["syncs"] == 1
 
 
 def test_stats_and_events(clock: FakeClock) -> None:
@@ -265,9 +267,11 @@ def test_urls() -> None:
     s = stores.from_url("hybrid+memory://?sync_interval=none&hot_rate=5&shards=2&max_keys=9")
     assert isinstance(s, HybridStore)
     assert (s.sync_interval, s.hot_rate, s.shards) == (None, 5.0, 2)
-    assert isinstance(s.backend, MemoryStore) and s.max_keys == 9
+    assert isinstance(s.backend, MemoryStore)
+    assert s.max_keys == 9
     limiter = RateLimiter("hybrid+memory://?sync_interval=0.5&max_keys=7")
-    assert isinstance(limiter.store, HybridStore) and limiter.store.sync_interval == 0.5
+    assert isinstance(limiter.store, HybridStore)
+    assert limiter.store.sync_interval == 0.5
     limiter.store.close()
     with pytest.raises(ConfigError, match="hybrid"):
         HybridStore("hybrid+memory://")

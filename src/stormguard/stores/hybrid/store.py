@@ -217,12 +217,8 @@ class HybridStore(Store):
         self._peers = 1
         self._peers_last = 0
         self._last_sync = self._now()
-        self._local_decisions = 0
-        self._direct_checks = 0
-        self._keys_synced = 0
-        self._syncs = 0
-        self._denials_cached = 0
-        self._degraded_decisions = 0
+        self._local_decisions = self._direct_checks = self._keys_synced = self._syncs = 0
+        self._denials_cached = self._degraded_decisions = 0
         self._thread: threading.Thread | None = None
         self._task: asyncio.Task[None] | None = None
         self._stop = threading.Event()

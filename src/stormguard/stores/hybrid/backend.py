@@ -37,6 +37,9 @@ class Backend:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._trips = 0
+        self.ops = 0
+        """Counter operations on the backend: a lease or a direct check is one (a script
+        run on Redis), however they travel."""
 
     @property
     def round_trips(self) -> int:
@@ -51,6 +54,7 @@ class Backend:
         store = self.store
         now = wall_us(store.clock)
         self._trips += 1
+        self.ops += 1
         if want == 0:  # a read
             d = store.peek(key, rule, 1)
             return (0, d[2], round(d[3] * 1e6), 0, now)
@@ -90,6 +94,7 @@ class Backend:
         store = self.store
         now = wall_us(store.clock)
         self._trips += 1
+        self.ops += 1
         if want == 0:
             d = await store.apeek(key, rule, 1)
             return (0, d[2], round(d[3] * 1e6), 0, now)
@@ -186,10 +191,12 @@ class RedisBackend(Backend):
 
     def lease(self, key: str, rule: Rule, want: int, least: int) -> Grant:
         ((command, n),) = self._commands([(key, rule, want, least)])
+        self.ops += 1
         return self._grants(self.transport.call(command), n)[0]
 
     def lease_many(self, requests: Sequence[LeaseRequest]) -> list[Grant | StorageError]:
         commands = self._commands(requests)
+        self.ops += len(requests)
         replies = self.transport.call_many([c for c, _ in commands])
         out: list[Grant | StorageError] = []
         for (_, n), reply in zip(commands, replies, strict=True):
@@ -202,11 +209,13 @@ class RedisBackend(Backend):
 
     async def alease(self, key: str, rule: Rule, want: int, least: int) -> Grant:
         ((command, n),) = self._commands([(key, rule, want, least)])
+        self.ops += 1
         return self._grants(await self.transport.acall(command), n)[0]
 
     async def alease_many(self, requests: Sequence[LeaseRequest]
                           ) -> list[Grant | StorageError]:
         commands = self._commands(requests)
+        self.ops += len(requests)
 
         async def one(command: Any) -> Any:
             try:

@@ -317,12 +317,14 @@ class HybridStore(Store):
         if self.shards > 1:
             cap = self._shard_rule(e.rule, self._home)._algo.B
         horizon = self._interval_us(now)
-        more = max(e.demand, math.ceil(e.rate * horizon))
+        # evidence first: a key seen once is asked for exactly its cost (a cold key's
+        # lease would mostly be left unspent, capacity no other process could use)
+        more = max(e.demand if e.demand >= 2 else 0, int(e.rate * horizon))
         rule = e.rule
         if rule.algorithm in _WINDOWS and e.rate > 0:
             # a window's lease is void at its end: ask for no more than the demand until then
             w = rule._algo.W
-            more = min(more, math.ceil(e.rate * (w - now % w)))
+            more = min(more, int(e.rate * (w - now % w)))
         return max(cost, min(cap, cost + more))
 
     def _interval_us(self, now: int) -> int:
@@ -550,6 +552,7 @@ class HybridStore(Store):
                                     rule, False))
             else:
                 self._b._trips += 1
+                self._b.ops += 1
                 d = self.backend.hit(key, rule, cost)
         except StorageError as exc:
             self._set_degraded(True, str(exc))
@@ -573,6 +576,7 @@ class HybridStore(Store):
                                     rule, False))
             else:
                 self._b._trips += 1
+                self._b.ops += 1
                 d = await self.backend.ahit(key, rule, cost)
         except StorageError as exc:
             self._set_degraded(True, str(exc))
@@ -666,6 +670,7 @@ class HybridStore(Store):
         bkey, brule = self._backend_key(key, rule)
         try:
             self._b._trips += 1
+            self._b.ops += 1
             return self.backend.peek(bkey, brule, cost).replace(rule=rule)
         except StorageError as exc:
             self._set_degraded(True, str(exc))
@@ -685,6 +690,7 @@ class HybridStore(Store):
                 return self._degraded_all(key, rules, cost)
             try:
                 self._b._trips += 1
+                self._b.ops += 1
                 self._direct_checks += 1
                 return self.backend.hit_all(key, rules, cost)
             except StorageError as exc:
@@ -742,6 +748,7 @@ class HybridStore(Store):
         processes are already taken from the same counter)."""
         bkey, brule = self._backend_key(key, rule)
         self._b._trips += 1
+        self._b.ops += 1
         return self.backend.reserve(bkey, brule, cost, max_wait=max_wait, book=book)
 
     def reset(self, key: str, rule: Rule | Sequence[Rule]) -> None:
@@ -756,6 +763,7 @@ class HybridStore(Store):
                 self._denied.pop((r._id, key), None)
         for r in rules:
             self._b._trips += 1
+            self._b.ops += 1
             if self.shards == 1 or r.algorithm not in _LOCAL:
                 self.backend.reset(key, r)
             else:
@@ -797,20 +805,23 @@ class HybridStore(Store):
                     requests.append((bkey, brule, min(e.dused, brule._algo.B), 0))
                 continue
             elapsed = max(1, now - e.synced_at)
-            rate = e.demand / elapsed  # units per microsecond over the last round
+            busy = e.demand >= 2  # one check in a round says nothing of the next round
+            rate = e.demand / elapsed if busy else 0.0  # units per microsecond
             e.rate = rate if e.rate == 0 else 0.5 * (e.rate + rate)
             e.used = 0
             e.demand = 0
             e.synced_at = now
+            if not busy:
+                continue
             if e.denied_until > now:
                 continue
             lease = e.lease if (e.expires == 0 or now < e.expires) else 0
-            horizon = 2 * interval_us
+            horizon = interval_us
             if rule.algorithm in _WINDOWS:
                 # a window's lease is void at its end: no more than the demand until then
                 w = rule._algo.W
                 horizon = min(horizon, w - now % w)
-            need = math.ceil(e.rate * horizon) - lease
+            need = int(e.rate * horizon) - lease
             if need <= 0:
                 continue
             bkey, brule = self._backend_key(e.key, rule)
@@ -886,7 +897,8 @@ class HybridStore(Store):
                     continue
                 self._credit(e, g, now)
                 granted += g[0]
-                if g[0] == 0 and g[3] > 0 and e.lease == 0:
+                # (with shards, a spent home shard says nothing of the others)
+                if g[0] == 0 and g[3] > 0 and e.lease == 0 and self.shards == 1:
                     e.denied_until = now + self._hold(e.rule, now, g[3])
                     e.denied_cost = 1
         if failed and failed == len(grants):
@@ -959,6 +971,7 @@ class HybridStore(Store):
         return {
             "local_decisions": self._local_decisions,
             "backend_round_trips": self._b.round_trips,
+            "backend_ops": self._b.ops,
             "keys_synced": self._keys_synced,
             "syncs": self._syncs,
             "degraded": self._degraded,

@@ -213,9 +213,7 @@ class HybridStore(Store):
         peer_window = max(1.0, 4 * sync_interval) if sync_interval is not None else 1.0
         self._peer_rule = Rule(2**40, peer_window, "fixed_window", name="hybrid-peers")
         self._peer_key = "\x00stormguard.hybrid.peers"
-        self._peer_win = -1
-        self._peers = 1
-        self._peers_last = 0
+        self._peer_win, self._peers, self._peers_last = -1, 1, 0
         self._last_sync = self._now()
         self._local_decisions = self._direct_checks = self._keys_synced = self._syncs = 0
         self._denials_cached = self._degraded_decisions = 0

@@ -814,7 +814,9 @@ class HybridStore(Store):
             if e.denied_until > now:
                 continue
             lease = e.lease if (e.expires == 0 or now < e.expires) else 0
-            horizon = interval_us
+            # until the next round, and half a round more: a steady key's lease outlasts
+            # the round's jitter instead of running out just before it
+            horizon = interval_us * 3 // 2
             if rule.algorithm in _WINDOWS:
                 # a window's lease is void at its end: no more than the demand until then
                 w = rule._algo.W

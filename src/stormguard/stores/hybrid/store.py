@@ -188,6 +188,7 @@ class HybridStore(Store):
             deny_hold = sync_interval if sync_interval is not None else 0.0
         self.deny_hold = validate.number("deny_hold", deny_hold, allow_zero=True)
         self._hold_us = round(self.deny_hold * 1e6)
+        self._max_age_us = round(2 * (sync_interval or 0.1) * 1e6)
         self.name = validate.text("name", name)
         self._owns = isinstance(backend, str)
         self.backend = backend = _resolve(backend, clock, backend_options)
@@ -440,6 +441,12 @@ class HybridStore(Store):
                 e.expires = expires
             elif expires < e.expires:
                 e.expires = expires
+        elif granted > 0:
+            # a bucket's lease is void after two rounds: tokens a process stopped needing
+            # go back to no one, but they no longer add to a later burst either
+            if e.expires and self._now() >= e.expires:
+                e.lease = 0
+            e.expires = sent + self._max_age_us
         if granted > 0:
             e.lease += granted
             e.granted += granted

@@ -87,27 +87,35 @@ class Tally:
 
 class GlobalLike:
     """Gubernator GLOBAL, as far as the decision goes: local answers from the status last
-    broadcast by the key's owner, hits forwarded in batches, no shares."""
+    broadcast by the key's owner, hits forwarded in batches, no shares.
 
-    def __init__(self, region_servers: list[list[int]], limits: dict[str, int]) -> None:
+    The broadcast is modelled as a version per key and region: a server whose copy is
+    older than the broadcast takes the broadcast remaining, then counts its own hits down
+    from it (what every peer's cache does between two broadcasts)."""
+
+    def __init__(self) -> None:
         self.cache: list[dict[str, list[int]]] = [{} for _ in range(SERVERS)]
         self.pending: list[dict[str, int]] = [defaultdict(int) for _ in range(SERVERS)]
+        # per region: key -> [hits counted by the owner, window, broadcast version]
         self.owner: list[dict[str, list[int]]] = [{} for _ in range(REGIONS)]
-        self.region_servers = region_servers
         self.ops = 0
         self.trips = 0
 
-    def hit(self, server: int, key: str, limit: int, window: int) -> bool:
+    def hit(self, server: int, region: int, key: str, limit: int, window: int) -> bool:
+        g = self.owner[region].get(key)
         st = self.cache[server].get(key)
-        if st is None or st[1] != window:
-            st = self.cache[server][key] = [limit, window]
+        if g is not None and g[1] == window:
+            if st is None or st[1] != window or st[2] != g[2]:
+                st = self.cache[server][key] = [max(0, limit - g[0]), window, g[2]]
+        elif st is None or st[1] != window:
+            st = self.cache[server][key] = [limit, window, -1]  # a new key: a fresh counter
         self.pending[server][key] += 1
         if st[0] > 0:
             st[0] -= 1
             return True
         return False
 
-    def sync(self, server: int, region: int, limits: dict[str, int], window: int) -> None:
+    def sync(self, server: int, region: int, window: int) -> None:
         batch = self.pending[server]
         if not batch:
             return
@@ -118,13 +126,9 @@ class GlobalLike:
             self.ops += 1
             st = owner.get(key)
             if st is None or st[1] != window:
-                st = owner[key] = [0, window]
+                st = owner[key] = [0, window, 0]
             st[0] += hits
-            remaining = max(0, limits[key.split(":", 1)[0]] - st[0])
-            for s in self.region_servers[region]:  # the broadcast
-                c = self.cache[s].get(key)
-                if c is not None and c[1] == window:
-                    c[0] = remaining
+            st[2] += 1  # broadcast: every server's copy is now older
 
 
 def main() -> None:
@@ -156,7 +160,7 @@ def main() -> None:
     stores = [HybridStore(backends[s % REGIONS], sync_interval=None, clock=clock,
                           hot_rate=args.hot_rate, deny_hold=SYNC, max_keys=200_000,
                           name=f"server-{s}") for s in range(SERVERS)]
-    glob = GlobalLike(region_servers, limits)
+    glob = GlobalLike()
     tallies = {"hybrid": {n: Tally() for n in classes}, "global": {n: Tally() for n in classes}}
     log_users = math.log(args.users)
     s_exp = args.zipf
@@ -216,7 +220,7 @@ def main() -> None:
                 w = th.window[key] = [0, 0]
             w[0] += 1
             w[1] += ok
-            ok2 = glob.hit(server, key, rule.limit, window)
+            ok2 = glob.hit(server, region, key, rule.limit, window)
             tg = tallies["global"][name]
             tg.offered += 1
             tg.admitted += ok2
@@ -228,7 +232,7 @@ def main() -> None:
 
     def sync(s: int) -> None:
         stores[s].sync()
-        glob.sync(s, s % REGIONS, limits, int(clock.wall()))
+        glob.sync(s, s % REGIONS, int(clock.wall()))
 
     wall = time.perf_counter()
     eng.every(TICK, tick)

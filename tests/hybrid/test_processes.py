@@ -53,6 +53,7 @@ def worker(i: int, url: str, barrier: Any, start: Any, out: Any) -> None:
     while time.time() < t0:
         time.sleep(0.001)  # real time: all start together at a window boundary
     end = t0 + RUN
+    caught_up = t0
     while True:
         now = time.time()
         if now >= end:
@@ -67,8 +68,9 @@ def worker(i: int, url: str, barrier: Any, start: Any, out: Any) -> None:
                 else:
                     denied[name] += 1
             sent[name] += due
+        caught_up = now  # every request due by `now` was sent
         time.sleep(0.002)  # real time: requests arrive over the run
-    out.put((i, admitted, denied, sent, store.stats()))
+    out.put((i, admitted, denied, sent, store.stats(), caught_up))
     store.close()
 
 
@@ -97,6 +99,9 @@ def test_eight_processes_on_one_redis_stay_within_3_percent() -> None:
                 p.kill()
         server.stop()
     t0 = start.value
+    # on a loaded machine a process may be descheduled near the end: the demand was
+    # offered in full only until the earliest time every process had caught up
+    offered_until = min(r[5] for r in results)
     report: dict[str, list[int]] = {}
     for name, (algorithm, rate, _) in SCENARIOS.items():
         times = [t for r in results for t in r[1][name]]
@@ -111,12 +116,14 @@ def test_eight_processes_on_one_redis_stay_within_3_percent() -> None:
             report[name] = [counts.get(w, 0) for w in range(int(RUN / WINDOW))]
         else:
             report[name] = [len(times)]
-    print(report)
+    print(report, offered_until - t0)
     for name, counts in report.items():
         if SCENARIOS[name][0] in ("fixed_window", "sliding_window_counter"):
             for c in counts:  # admitted per window: within 3 % of the limit
                 assert abs(c - 1000) <= 30, (name, counts)
         else:  # admitted over the run: within 3 % of burst + rate x duration
             bound = 1000 + 500 * RUN
-            assert abs(counts[0] - bound) <= 0.03 * bound, (name, counts, bound)
+            assert counts[0] <= bound, (name, counts, bound)
+            offered = 1000 + 500 * (offered_until - t0)
+            assert counts[0] >= 0.97 * offered, (name, counts, offered)
     assert sum(r[4]["local_decisions"] for r in results) > 0

@@ -217,7 +217,7 @@ class HybridStore(Store):
         self._peer_win, self._peers, self._peers_last = -1, 1, 0
         self._last_sync = self._now()
         self._local_decisions = self._direct_checks = self._keys_synced = self._syncs = 0
-        self._denials_cached = self._degraded_decisions = 0
+        self._denials_cached = self._degraded_decisions = self._voided = 0
         self._acquire = self._lock.acquire
         self._release = self._lock.release
         self._get = self._entries.get
@@ -324,6 +324,8 @@ class HybridStore(Store):
             # a window's lease is void at its end: ask for no more than the demand until then
             w = rule._algo.W
             more = min(more, int(e.rate * (w - now % w)))
+        # and never more than this process's share of what the backend had left
+        more = min(more, e.remaining // self._peers)
         return max(cost, min(cap, cost + more))
 
     def _interval_us(self, now: int) -> int:
@@ -435,6 +437,7 @@ class HybridStore(Store):
             expires = sent + ((window + 1) * w - bnow)
             if window != e.window:
                 # a lease of another window: what is left of the old one is void
+                self._voided += e.lease
                 e.lease = 0
                 e.granted = 0
                 e.window = window
@@ -445,6 +448,7 @@ class HybridStore(Store):
             # a bucket's lease is void after two rounds: tokens a process stopped needing
             # go back to no one, but they no longer add to a later burst either
             if e.expires and self._now() >= e.expires:
+                self._voided += e.lease
                 e.lease = 0
             e.expires = sent + self._max_age_us
         if granted > 0:
@@ -460,6 +464,9 @@ class HybridStore(Store):
         if rule.algorithm == "sliding_window_counter":
             w = rule._algo.W
             hold = min(hold, (w - now % w) // 2)
+        elif rule.algorithm == "fixed_window":  # a new window is a new quota
+            w = rule._algo.W
+            hold = min(hold, w - now % w)
         return max(retry_us, hold)
 
     def _entry(self, key: str, rule: Rule, now: int) -> _Entry:
@@ -828,14 +835,14 @@ class HybridStore(Store):
                 # a window's lease is void at its end: no more than the demand until then
                 w = rule._algo.W
                 horizon = min(horizon, w - now % w)
-            need = int(e.rate * horizon) - lease
+            need = min(int(e.rate * horizon), e.remaining // self._peers) - lease
             if need <= 0:
                 continue
             bkey, brule = self._backend_key(e.key, rule)
             entries.append(e)
             requests.append((bkey, brule, min(need, brule._algo.B), 1))
         for k in drop:
-            del self._entries[k]
+            self._voided += self._entries.pop(k).lease
         return entries, requests
 
     def sync(self) -> dict[str, Any]:
@@ -975,6 +982,7 @@ class HybridStore(Store):
         """Counters since the store was built."""
         with self._lock:
             local_keys = len(self._entries)
+            held = sum(e.lease for e in self._entries.values())
         return {
             "local_decisions": self._local_decisions,
             "backend_round_trips": self._b.round_trips,
@@ -985,6 +993,8 @@ class HybridStore(Store):
             "direct_checks": self._direct_checks,
             "denials_cached": self._denials_cached,
             "degraded_decisions": self._degraded_decisions,
+            "lease_voided": self._voided,
+            "lease_held": held,
             "local_keys": local_keys,
             "peers": self._peers,
             "hot_keys": len(self._hot.hot) if self._hot is not None else None,

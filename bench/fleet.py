@@ -134,7 +134,7 @@ class GlobalLike:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=1_000_000, help="requests per second")
-    parser.add_argument("--seconds", type=float, default=3.0, help="virtual seconds")
+    parser.add_argument("--seconds", type=float, default=2.0, help="virtual seconds")
     parser.add_argument("--users", type=int, default=10_000_000)
     parser.add_argument("--zipf", type=float, default=1.0)
     parser.add_argument("--balance", choices=("random", "sticky"), default="random")

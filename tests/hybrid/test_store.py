@@ -161,6 +161,7 @@ def test_hit_all_is_all_or_nothing_across_processes(clock: FakeClock) -> None:
 
 def test_sync_is_one_round_trip_for_many_keys(clock: FakeClock) -> None:
     _, (a,) = fleet(clock, 1)
+    a.sync()  # the first round counts the processes: leases follow
     rule = Rule(1000, 10, algorithm="token_bucket")
     for k in range(200):
         for _ in range(5):
@@ -171,12 +172,13 @@ def test_sync_is_one_round_trip_for_many_keys(clock: FakeClock) -> None:
     assert round_["round_trips"] == 1
     assert a.stats()["backend_round_trips"] == before + 1
     assert a.stats()["keys_synced"] == 200
-    assert a.stats()["syncs"] == 1
+    assert a.stats()["syncs"] == 2
 
 
 def test_stats_and_events(clock: FakeClock) -> None:
     seen: list[Event] = []
     _, (a,) = fleet(clock, 1)
+    a.sync()
     a.add_listener(seen.append)
     rule = Rule(100, 10, algorithm="gcra")
     a.hit("k", rule)
@@ -193,6 +195,7 @@ def test_stats_and_events(clock: FakeClock) -> None:
 
 def test_hot_keys_go_local_cold_keys_go_direct(clock: FakeClock) -> None:
     _, (a,) = fleet(clock, 1, hot_rate=50, hot_period=1.0)
+    a.sync()
     rule = Rule(10_000, 60, algorithm="sliding_window_counter")
     # cold: 10 keys at 2 per second each
     for _ in range(20):
@@ -202,9 +205,11 @@ def test_hot_keys_go_local_cold_keys_go_direct(clock: FakeClock) -> None:
     assert a.stats()["local_decisions"] == 0
     assert a.stats()["direct_checks"] == 200
     # hot: one key at 200 per second turns local within one period
-    for _ in range(400):
+    for i in range(400):
         a.hit("api-key", rule)
         clock.advance(0.005)
+        if i % 20 == 19:
+            a.sync()
     assert a.stats()["hot_keys"] == 1
     assert a.stats()["local_decisions"] > 150
 

@@ -214,7 +214,9 @@ class HybridStore(Store):
         peer_window = max(1.0, 4 * sync_interval) if sync_interval is not None else 1.0
         self._peer_rule = Rule(2**40, peer_window, "fixed_window", name="hybrid-peers")
         self._peer_key = "\x00stormguard.hybrid.peers"
-        self._peer_win, self._peers, self._peers_last = -1, 1, 0
+        # until the first count arrives, as if the fleet were huge: exact checks, no leases
+        # beyond their cost (a process that just started cannot know its share)
+        self._peer_win, self._peers, self._peers_last = -1, 1 << 30, 0
         self._last_sync = self._now()
         self._local_decisions = self._direct_checks = self._keys_synced = self._syncs = 0
         self._denials_cached = self._degraded_decisions = self._voided = 0
@@ -484,7 +486,7 @@ class HybridStore(Store):
         equal share of the processes seen at the last sync rounds."""
         if self.outage_share is not None:
             return self.outage_share
-        return 1.0 / max(1, self._peers)
+        return 1.0 / max(1, self._peers if self._peers < 1 << 30 else 1)
 
     def _outage_rule(self, rule: Rule, share: float) -> Rule:
         """``rule`` with its limit (and burst) cut to ``share`` of it, rounded down."""
@@ -996,7 +998,7 @@ class HybridStore(Store):
             "lease_voided": self._voided,
             "lease_held": held,
             "local_keys": local_keys,
-            "peers": self._peers,
+            "peers": self._peers if self._peers < 1 << 30 else None,
             "hot_keys": len(self._hot.hot) if self._hot is not None else None,
         }
 

@@ -146,3 +146,32 @@ def test_backend_down_then_back(clock: FakeClock) -> None:
         for m in members:
             m.close()
         server.stop()
+
+
+def test_asyncio_api_on_redis(redis_url: str) -> None:
+    """The asyncio path on a real server (real time: real sockets): leases asked with
+    ``acall``, the sync task on the running loop."""
+    import asyncio
+
+    rule = Rule(500, 60, algorithm="sliding_window_counter")
+
+    async def main() -> dict[str, object]:
+        store = HybridStore(redis_url, sync_interval=0.02)
+        got = 0
+        for _ in range(50):
+            for _ in range(20):
+                got += (await store.ahit("k", rule)).allowed
+            await asyncio.sleep(0.005)  # real time: the sync task runs meanwhile
+        assert got == 500
+        stats = store.stats()
+        await store.aclose()
+        return stats
+
+    stats = asyncio.run(main())
+    assert stats["syncs"] >= 1
+    assert stats["local_decisions"] > 0
+    direct = RedisStore(redis_url)
+    try:
+        assert direct.peek("k", rule).remaining == 0
+    finally:
+        direct.close()

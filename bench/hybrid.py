@@ -155,12 +155,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--procs", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--paced", default="1000,5000", help="two offered rates per process")
+    parser.add_argument("--paced", default="1000,5000",
+                        help="offered rates per process for the paced runs ('' : none)")
+    parser.add_argument("--kinds", default="RedisStore,limits,HybridStore,"
+                        "HybridStore hot_rate=50", help="the contenders of the mixed runs")
     args = parser.parse_args()
     server = start_redis()
     try:
         client = server.client()
-        kinds = ["RedisStore", "limits", "HybridStore", "HybridStore hot_rate=50"]
+        kinds = args.kinds.split(",")
         print(f"{args.procs} client processes, {args.seconds:g} s per run, one private "
               "redis-server; 2 cores shared with everything else on the machine")
         print()
@@ -184,7 +187,7 @@ def main() -> None:
         print("| contender | offered /process/s | round trips /process/s | "
               "Redis µs per admitted check |")
         print("|---|---:|---:|---:|")
-        for rate in (float(x) for x in args.paced.split(",")):
+        for rate in (float(x) for x in args.paced.split(",") if x):
             for kind in ("RedisStore", "HybridStore"):
                 r = run(kind, server.url, client, args.procs, args.seconds, rate)
                 print(f"| {kind} | {rate:,.0f} | {r['trips']:,.1f} | {r['usec']:.3f} |")

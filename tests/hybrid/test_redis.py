@@ -11,6 +11,7 @@ from tests.redis_servers import RedisServer, start_redis
 
 
 def hybrid(url: str, clock: FakeClock, **options: object) -> HybridStore:
+    options.setdefault("timeout", 1.0)  # a loaded CI machine: no spurious timeouts
     return HybridStore(url, sync_interval=None, clock=clock, time_source="client",
                        **options)  # type: ignore[arg-type]
 

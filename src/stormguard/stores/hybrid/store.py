@@ -41,7 +41,7 @@ _new = tuple.__new__
 _WINDOWS = frozenset({"fixed_window", "sliding_window_counter"})
 _LOCAL = frozenset({"fixed_window", "sliding_window_counter", "token_bucket", "gcra",
                     "leaky_bucket"})
-_IDLE_ROUNDS = 3
+_SWEEP_ROUNDS = 16  # every 16 rounds, entries idle for as long are dropped
 # the options of a hybrid+ URL's query, and their types
 _URL_OPTIONS: dict[str, type] = {
     "sync_interval": float, "hot_rate": float, "shards": int, "max_keys": int,
@@ -78,11 +78,11 @@ class _Entry:
         "denied_cost",
         "denied_until",
         "dentry",
+        "dirty",
         "dused",
         "dwindow",
         "expires",
         "granted",
-        "idle",
         "key",
         "lease",
         "rate",
@@ -109,7 +109,7 @@ class _Entry:
         self.denied_until = 0   # a denial remembered until its retry_after
         self.denied_cost = 0
         self.synced_at = now
-        self.idle = 0
+        self.dirty = False      # in the store's list of entries checked since the round
         self.dentry: list[Any] | None = None  # the local state while degraded
         self.dused = 0          # admitted while degraded, to charge on reconnection
         self.dwindow = 0
@@ -202,8 +202,7 @@ class HybridStore(Store):
         self._listeners: list[Listener] = list(listeners)
         self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._denied: OrderedDict[tuple[str, str], tuple[int, int]] = OrderedDict()
-        self._lock = threading.Lock()
-        self._sync_lock = threading.Lock()
+        self._lock, self._sync_lock = threading.Lock(), threading.Lock()
         self._hot = HotKeys(self.hot_rate, self.hot_period, self.sketch_size) \
             if self.hot_rate > 0 else None
         self._shard_rules: dict[tuple[str, int], Rule] = {}
@@ -219,10 +218,11 @@ class HybridStore(Store):
         self._peer_win, self._peers, self._peers_last = -1, 1 << 30, 0
         self._last_sync = self._now()
         self._local_decisions = self._direct_checks = self._keys_synced = self._syncs = 0
+        self._rounds = 0
         self._denials_cached = self._degraded_decisions = self._voided = 0
-        self._acquire = self._lock.acquire
-        self._release = self._lock.release
+        self._acquire, self._release = self._lock.acquire, self._lock.release
         self._get = self._entries.get
+        self._dirty: list[_Entry] = []  # entries checked since the last round
         self._thread: threading.Thread | None = None
         # True until the blocking API has started its sync thread (one flag on the hot path)
         self._no_sync_yet = sync_interval is not None
@@ -384,6 +384,9 @@ class HybridStore(Store):
         if e is None:
             return None
         e.demand += cost
+        if not e.dirty:
+            e.dirty = True
+            self._dirty.append(e)
         if e.denied_until > now and cost >= e.denied_cost:
             self._denials_cached += 1
             return _new(Decision, (False, rule._algo.B, 0, max(0, e.reset_at - now) / 1e6,
@@ -406,6 +409,7 @@ class HybridStore(Store):
         with self._lock:
             e = self._entry(key, rule, now)
             e.demand += cost
+            self._mark(e)
             self._credit(e, g, sent)
             if granted >= cost:
                 e.lease -= cost
@@ -471,6 +475,12 @@ class HybridStore(Store):
             hold = min(hold, w - now % w)
         return max(retry_us, hold)
 
+    def _mark(self, e: _Entry) -> None:
+        """Put ``e`` in the list of entries the next round looks at (lock held)."""
+        if not e.dirty:
+            e.dirty = True
+            self._dirty.append(e)
+
     def _entry(self, key: str, rule: Rule, now: int) -> _Entry:
         k = (rule._id, key)
         e = self._entries.get(k)
@@ -507,6 +517,7 @@ class HybridStore(Store):
             e = self._entry(key, rule, now)
             if consume:
                 e.demand += cost
+                self._mark(e)
             if e.lease >= cost and (e.expires == 0 or now < e.expires):
                 if consume:
                     e.lease -= cost
@@ -618,6 +629,9 @@ class HybridStore(Store):
             e = self._get((rule._id, key))
             if e is not None:
                 e.demand += cost
+                if not e.dirty:
+                    e.dirty = True
+                    self._dirty.append(e)
                 if e.denied_until > now and cost >= e.denied_cost:
                     self._denials_cached += 1
                     reset = e.reset_at - now
@@ -727,6 +741,8 @@ class HybridStore(Store):
                         e = self._entries[(r._id, key)]
                         e.lease -= cost
                         e.used += cost
+                        e.demand += cost
+                        self._mark(e)
                         decisions.append(_new(Decision, (True, r._algo.B, e.lease + e.remaining,
                                                          0.0, 0.0, r, False)))
                     self._local_decisions += 1
@@ -803,49 +819,61 @@ class HybridStore(Store):
             if win != self._peer_win:
                 self._peers_last = self._peers if self._peer_win == win - 1 else 0
                 self._peer_win = win
-        drop = []
-        for k, e in self._entries.items():
+        # only the entries checked since the last round (the dirty list), not every entry
+        dirty, self._dirty = self._dirty, []
+        live = self._entries
+        for e in dirty:
             rule = e.rule
-            if e.demand == 0 and e.dused == 0:
-                e.idle += 1
-                if e.idle >= _IDLE_ROUNDS and e.denied_until <= now:
-                    drop.append(k)
+            if live.get((rule._id, e.key)) is not e:
+                e.dirty = False  # evicted meanwhile
                 continue
-            e.idle = 0
             if self._degraded:
                 if e.dused > 0 and _window_of(rule, now) == e.dwindow:
                     bkey, brule = self._backend_key(e.key, rule)
                     entries.append(e)
                     requests.append((bkey, brule, min(e.dused, brule._algo.B), 0))
+                self._dirty.append(e)  # still dirty: charged when the backend is back
                 continue
-            elapsed = max(1, now - e.synced_at)
-            busy = e.demand >= 2  # one check in a round says nothing of the next round
-            rate = e.demand / elapsed if busy else 0.0  # units per microsecond
-            e.rate = rate if e.rate == 0 else 0.5 * (e.rate + rate)
-            e.used = 0
-            e.demand = 0
-            e.synced_at = now
-            if not busy:
-                continue
-            if e.denied_until > now:
-                continue
-            lease = e.lease if (e.expires == 0 or now < e.expires) else 0
-            # until the next round, and half a round more: a steady key's lease outlasts
-            # the round's jitter instead of running out just before it
-            horizon = interval_us * 3 // 2
-            if rule.algorithm in _WINDOWS:
-                # a window's lease is void at its end: no more than the demand until then
-                w = rule._algo.W
-                horizon = min(horizon, w - now % w)
-            need = min(int(e.rate * horizon), e.remaining // self._peers) - lease
+            e.dirty = False
+            need = self._topup(e, now, interval_us)
             if need <= 0:
                 continue
             bkey, brule = self._backend_key(e.key, rule)
             entries.append(e)
             requests.append((bkey, brule, min(need, brule._algo.B), 1))
+        self._rounds += 1
+        drop = []
+        if self._rounds % _SWEEP_ROUNDS == 0:  # now and then, forget the idle entries
+            idle = _SWEEP_ROUNDS * interval_us
+            drop = [k for k, e in live.items()
+                    if not e.dirty and e.dused == 0 and e.denied_until <= now
+                    and now - e.synced_at > idle]
         for k in drop:
             self._voided += self._entries.pop(k).lease
         return entries, requests
+
+    def _topup(self, e: _Entry, now: int, interval_us: int) -> int:
+        """Close the entry's round (its demand becomes its rate); the units its lease
+        lacks for the next round (lock held)."""
+        elapsed = max(1, now - e.synced_at)
+        busy = e.demand >= 2  # one check in a round says nothing of the next round
+        rate = e.demand / elapsed if busy else 0.0  # units per microsecond
+        e.rate = rate if e.rate == 0 else 0.5 * (e.rate + rate)
+        e.used = 0
+        e.demand = 0
+        e.synced_at = now
+        if not busy or e.denied_until > now:
+            return 0
+        lease = e.lease if (e.expires == 0 or now < e.expires) else 0
+        # until the next round, and half a round more: a steady key's lease outlasts
+        # the round's jitter instead of running out just before it
+        horizon = interval_us * 3 // 2
+        rule = e.rule
+        if rule.algorithm in _WINDOWS:
+            # a window's lease is void at its end: no more than the demand until then
+            w = rule._algo.W
+            horizon = min(horizon, w - now % w)
+        return min(int(e.rate * horizon), e.remaining // self._peers) - lease
 
     def sync(self) -> dict[str, Any]:
         """One sync round now (one round trip per backend node); the stats of the round."""

@@ -163,7 +163,7 @@ def main() -> None:
     server = start_redis()
     try:
         client = server.client()
-        kinds = args.kinds.split(",")
+        kinds = [k for k in args.kinds.split(",") if k]
         print(f"{args.procs} client processes, {args.seconds:g} s per run, one private "
               "redis-server; 2 cores shared with everything else on the machine")
         print()

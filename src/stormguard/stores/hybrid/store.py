@@ -866,8 +866,9 @@ class HybridStore(Store):
             return 0
         lease = e.lease if (e.expires == 0 or now < e.expires) else 0
         # until the next round, and half a round more: a steady key's lease outlasts
-        # the round's jitter instead of running out just before it
-        horizon = interval_us * 3 // 2
+        # the round's jitter instead of running out just before it (rounds that come
+        # late, on a loaded machine, count as long as they took)
+        horizon = max(interval_us, elapsed) * 3 // 2
         rule = e.rule
         if rule.algorithm in _WINDOWS:
             # a window's lease is void at its end: no more than the demand until then
@@ -978,7 +979,9 @@ class HybridStore(Store):
 
     def _run(self) -> None:
         interval = self.sync_interval or 0.1
-        while not self._stop.wait(interval):  # real time: the sync thread's period
+        wait = 0.0  # a first round at once: it counts the processes, leases follow
+        while not self._stop.wait(wait):  # real time: the sync thread's period
+            wait = interval
             try:
                 self.sync()
             except Exception:  # the sync thread must outlive any bug
@@ -998,8 +1001,10 @@ class HybridStore(Store):
 
     async def _arun(self) -> None:
         interval = self.sync_interval or 0.1
+        wait = 0.0  # a first round at once: it counts the processes, leases follow
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(wait)
+            wait = interval
             try:
                 await self.async_sync()
             except Exception:  # the sync task must outlive any bug

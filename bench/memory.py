@@ -58,6 +58,7 @@ def hybrid(algorithm: str) -> Factory:
     def make(limit: int, window: int) -> Check:
         store = HybridStore(MemoryStore(max_keys=1_000_000), sync_interval=None,
                             max_keys=1_000_000)
+        store.sync()  # what the sync thread does first: count the processes
         rule = Rule(limit=limit, window=window, algorithm=algorithm)
         hit = store.hit
         return lambda key: hit(key, rule)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from stormguard import HybridStore, RedisClusterStore, RedisStore, Rule
+from stormguard.stores.hybrid import HybridDegraded
 from stormguard.testing import FakeClock
 from tests.redis_servers import RedisServer, start_redis
 
@@ -101,6 +102,8 @@ def test_backend_down_then_back(clock: FakeClock) -> None:
     server: RedisServer = start_redis()
     rule = Rule(800, 10, algorithm="fixed_window")
     members = [hybrid(server.url, clock, timeout=0.2) for _ in range(4)]
+    events: list[object] = []
+    members[0].add_listener(events.append)
     clock.set_wall((clock.wall() // 10 + 1) * 10)  # the start of a window
     for m in members:
         m.sync()
@@ -133,6 +136,8 @@ def test_backend_down_then_back(clock: FakeClock) -> None:
         for m in members:
             m.sync()
         assert not any(m.stats()["degraded"] for m in members)
+        transitions = [e.degraded for e in events if isinstance(e, HybridDegraded)]
+        assert transitions == [True, False]
         check = RedisStore(server.url, clock=clock, time_source="client")
         try:
             # what was admitted on the outage shares is charged to the (fresh) counter; the

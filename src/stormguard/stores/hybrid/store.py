@@ -90,7 +90,6 @@ class _Entry:
         "reset_at",
         "rule",
         "synced_at",
-        "taken",
         "used",
         "window",
     )
@@ -106,7 +105,6 @@ class _Entry:
         self.rate = 0.0         # demand, units per microsecond (smoothed over rounds)
         self.granted = 0        # units taken in the backend's current window (for share)
         self.remaining = rule._algo.B  # the backend's remaining at the last reply
-        self.taken = -1.0       # this process's share of what the fleet takes of the key
         self.reset_at = 0
         self.denied_until = 0   # a denial remembered until its retry_after
         self.denied_cost = 0
@@ -329,7 +327,7 @@ class HybridStore(Store):
             w = rule._algo.W
             more = min(more, int(e.rate * (w - now % w)))
         # and never more than this process's share of what the backend had left
-        more = min(more, self._share_cap(e))
+        more = min(more, e.remaining // self._peers)
         return max(cost, min(cap, cost + more))
 
     def _interval_us(self, now: int) -> int:
@@ -437,19 +435,11 @@ class HybridStore(Store):
         (when the request left: the earliest the backend could have answered)."""
         granted, remaining, reset_us, _retry, bnow = g
         rule = e.rule
-        before = e.remaining
         e.remaining = remaining
         e.reset_at = sent + reset_us
         if rule.algorithm in _WINDOWS:
             w = rule._algo.W
             window = bnow // w
-            if window == e.window and granted > 0:
-                # what the fleet took since this process's last reply, this grant included:
-                # this process's share of the key's demand (Doorman's share of demand)
-                took = before - remaining
-                if took >= granted:
-                    share = granted / took
-                    e.taken = share if e.taken < 0 else 0.5 * (e.taken + share)
             expires = sent + ((window + 1) * w - bnow)
             if window != e.window:
                 # a lease of another window: what is left of the old one is void
@@ -484,15 +474,6 @@ class HybridStore(Store):
             w = rule._algo.W
             hold = min(hold, w - now % w)
         return max(retry_us, hold)
-
-    def _share_cap(self, e: _Entry) -> int:
-        """The most a lease may take beyond its check: this process's share of what the
-        backend had left. The share is 1 / processes until the key's own replies show
-        what this process takes of what the fleet takes (window algorithms)."""
-        share = 1.0 / self._peers
-        if e.taken > share:
-            share = e.taken
-        return int(e.remaining * share)
 
     def _mark(self, e: _Entry) -> None:
         """Put ``e`` in the list of entries the next round looks at (lock held)."""
@@ -893,7 +874,7 @@ class HybridStore(Store):
             # a window's lease is void at its end: no more than the demand until then
             w = rule._algo.W
             horizon = min(horizon, w - now % w)
-        return min(int(e.rate * horizon), self._share_cap(e)) - lease
+        return min(int(e.rate * horizon), e.remaining // self._peers) - lease
 
     def sync(self) -> dict[str, Any]:
         """One sync round now (one round trip per backend node); the stats of the round."""

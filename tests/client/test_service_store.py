@@ -350,3 +350,36 @@ async def test_an_unexpected_error_fails_the_waiting_checks() -> None:
     decisions = await asyncio.gather(*(limiter.hit(f"k{i}", THREE) for i in range(3)))
     assert all(d.degraded for d in decisions)
     await store.aclose()
+
+
+async def test_the_middleware_checks_several_keys_through_the_service(service_url: str) -> None:
+    """A request matching a per-user and a per-ip rule (two keys: the check peeks one and
+    hits the other) works over ServiceStore: the counters live in the service."""
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from stormguard.middleware import RateLimitMiddleware
+
+    async def hello(request: object) -> PlainTextResponse:
+        return PlainTextResponse("hi")
+
+    tag = uuid.uuid4().hex[:8]
+    rules = [{"name": f"ip-{tag}", "scope": "ip", "limit": 3, "window": 3600,
+              "algorithm": "fixed_window"},
+             {"name": f"user-{tag}", "scope": "user", "limit": 2, "window": 3600,
+              "algorithm": "fixed_window"}]
+    store = ServiceStore(service_url)
+    app = RateLimitMiddleware(Starlette(routes=[Route("/", hello)]),
+                              limiter=AsyncRateLimiter(store), rules=rules,
+                              user=lambda scope: "alice")
+    transport = httpx.ASGITransport(app=app, client=("192.0.2.7", 5000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://app") as c:
+        codes = [(await c.get("/")).status_code for _ in range(3)]
+    assert codes == [200, 200, 429]  # the user's 2 bind first
+    assert store.checks_sent >= 3
+    # the per-ip counter lives in the service: two requests charged it, the denied one not
+    d = await AsyncRateLimiter(store).peek("ip:192.0.2.7", Rule(3, 3600, "fixed_window",
+                                                               name=f"ip-{tag}"))
+    assert d.remaining == 1
+    await store.aclose()

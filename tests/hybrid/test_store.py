@@ -313,3 +313,28 @@ def test_background_task_syncs_in_virtual_time(clock: FakeClock) -> None:
     assert store._thread is None
     assert 8 <= store.stats()["syncs"] <= 11
     assert store.stats()["local_decisions"] > 80
+
+
+@pytest.mark.parametrize("rate", [1000, 10_000])
+def test_round_trips_follow_the_rounds_not_the_requests(clock: FakeClock, rate: int) -> None:
+    """A busy key costs about one round trip per sync round, whatever its request rate."""
+    _, (a,) = fleet(clock, 1)
+    rule = Rule(10**9, 60, algorithm="token_bucket")
+    a.sync()
+    admitted, _ = drive(clock, [a], rule, rate=rate, seconds=5.0)
+    assert len(admitted) == rate * 5
+    per_second = a.stats()["backend_round_trips"] / 5.0
+    assert per_second <= 2 / 0.1  # at most about 2 / sync_interval
+
+
+def test_peek_and_reset(clock: FakeClock) -> None:
+    backend, (a, b) = fleet(clock, 2)
+    rule = Rule(5, 60, algorithm="fixed_window")
+    assert a.peek("k", rule).allowed
+    for _ in range(5):
+        assert a.hit("k", rule).allowed
+    assert not a.peek("k", rule).allowed
+    assert not b.peek("k", rule).allowed  # b asks the backend: a took everything
+    a.reset("k", rule)
+    assert backend.peek("k", rule).remaining == 5
+    assert a.hit("k", rule).allowed

@@ -181,3 +181,28 @@ def test_asyncio_api_on_redis(redis_url: str) -> None:
         assert direct.peek("k", rule).remaining == 0
     finally:
         direct.close()
+
+
+def test_asyncio_slow_paths_on_redis(redis_url: str) -> None:
+    """apeek, ahit_all, areset and aping reach the backend without blocking the loop
+    (real time: real sockets)."""
+    import asyncio
+
+    per_second = Rule(3, 1, algorithm="fixed_window")
+    per_minute = Rule(5, 60, algorithm="fixed_window")
+
+    clock = FakeClock()  # the store's time (windows never turn mid-test); the loop's is real
+
+    async def main() -> None:
+        store = HybridStore(redis_url, sync_interval=None, clock=clock, time_source="client",
+                            timeout=1.0)
+        assert await store.aping()
+        assert (await store.apeek("k", per_minute)).allowed
+        got = [(await store.ahit_all("k", [per_second, per_minute])).allowed
+               for _ in range(4)]
+        assert got == [True, True, True, False]
+        await store.areset("k", [per_second, per_minute])
+        assert (await store.ahit_all("k", [per_second, per_minute])).allowed
+        await store.aclose()
+
+    asyncio.run(main())

@@ -338,3 +338,23 @@ def test_peek_and_reset(clock: FakeClock) -> None:
     a.reset("k", rule)
     assert backend.peek("k", rule).remaining == 5
     assert a.hit("k", rule).allowed
+
+
+def test_async_rate_limiter_over_a_hybrid_store(clock: FakeClock) -> None:
+    from stormguard import AsyncRateLimiter
+
+    store = HybridStore(MemoryStore(clock=clock), sync_interval=0.1, clock=clock)
+    limiter = AsyncRateLimiter(store)
+    rule = Rule(10, 60, algorithm="gcra")
+
+    async def main() -> list[bool]:
+        out = []
+        for _ in range(15):
+            out.append((await limiter.hit("k", rule)).allowed)
+            await asyncio.sleep(0.05)
+        await store.aclose()
+        return out
+
+    results = clock.run(main())
+    assert results == [True] * 10 + [False] * 5
+    assert store.stats()["syncs"] >= 5

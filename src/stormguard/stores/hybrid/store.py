@@ -803,6 +803,48 @@ class HybridStore(Store):
     def ping(self) -> bool:
         return self.backend.ping()
 
+    # -- asyncio twins of the slow paths (ahit is above) ---------------------------------
+    async def apeek(self, key: str, rule: Rule, cost: int = 1) -> Decision:
+        cost = self._check(key, rule, cost)
+        now = self._now()
+        with self._lock:
+            e = self._entries.get((rule._id, key))
+            if e is not None:
+                if e.denied_until > now and cost >= e.denied_cost:
+                    return _new(Decision, (False, rule._algo.B, 0, 0.0,
+                                           (e.denied_until - now) / 1e6, rule, False))
+                if e.lease >= cost and (e.expires == 0 or now < e.expires):
+                    return _new(Decision, (True, rule._algo.B, e.lease + e.remaining, 0.0, 0.0,
+                                           rule, False))
+        if self._degraded:
+            return self._degraded_hit(key, rule, cost, consume=False)
+        bkey, brule = self._backend_key(key, rule)
+        try:
+            self._b._trips += 1
+            self._b.ops += 1
+            return (await self.backend.apeek(bkey, brule, cost)).replace(rule=rule)
+        except StorageError as exc:
+            self._set_degraded(True, str(exc))
+            return self._degraded_hit(key, rule, cost, consume=False)
+
+    async def ahit_all(self, key: str, rules: Sequence[Rule], cost: int = 1) -> Decision:
+        # the blocking flow in a worker thread (the store is thread-safe): its leases may
+        # wait for the backend, which must not block the event loop
+        return await asyncio.to_thread(self.hit_all, key, rules, cost)
+
+    async def areserve(self, key: str, rule: Rule, cost: int = 1, *,
+                       max_wait: float | None = None, book: bool = True) -> Reservation:
+        bkey, brule = self._backend_key(key, rule)
+        self._b._trips += 1
+        self._b.ops += 1
+        return await self.backend.areserve(bkey, brule, cost, max_wait=max_wait, book=book)
+
+    async def areset(self, key: str, rule: Rule | Sequence[Rule]) -> None:
+        await asyncio.to_thread(self.reset, key, rule)
+
+    async def aping(self) -> bool:
+        return await self.backend.aping()
+
     # -- sync rounds ---------------------------------------------------------------------
     def _plan(self, now: int) -> tuple[list[_Entry | None], list[LeaseRequest]]:
         """The leases of one round (lock held): for every key in use, what its demand

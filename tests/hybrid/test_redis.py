@@ -206,3 +206,19 @@ def test_asyncio_slow_paths_on_redis(redis_url: str) -> None:
         await store.aclose()
 
     asyncio.run(main())
+
+
+def test_hybrid_cluster_url(cluster_url: str) -> None:
+    from stormguard import RateLimiter
+
+    url = cluster_url.replace("redis+cluster://", "hybrid+redis+cluster://", 1)
+    limiter = RateLimiter(url + "?sync_interval=none&shards=3", timeout=1.0)
+    store = limiter.store
+    try:
+        assert isinstance(store, HybridStore)
+        assert isinstance(store.backend, RedisClusterStore)
+        assert (store.sync_interval, store.shards) == (None, 3)
+        rule = Rule(30, 60, algorithm="fixed_window")
+        assert sum(limiter.hit("k", rule).allowed for _ in range(40)) == 30
+    finally:
+        store.close()

@@ -219,6 +219,10 @@ def test_hybrid_cluster_url(cluster_url: str) -> None:
         assert isinstance(store.backend, RedisClusterStore)
         assert (store.sync_interval, store.shards) == (None, 3)
         rule = Rule(30, 60, algorithm="fixed_window")
-        assert sum(limiter.hit("k", rule).allowed for _ in range(40)) == 30
+        assert limiter.peek("k", rule).remaining == 30  # the sum over the shards
+        assert sum(limiter.hit("k", rule).allowed for _ in range(12)) == 12
+        assert limiter.peek("k", rule).remaining == 18
+        assert sum(limiter.hit("k", rule).allowed for _ in range(40)) == 18
+        assert not limiter.peek("k", rule).allowed
     finally:
         store.close()

@@ -695,6 +695,8 @@ class HybridStore(Store):
                                            rule, False))
         if self._degraded:
             return self._degraded_hit(key, rule, cost, consume=False)
+        if self.shards > 1 and rule.algorithm in _LOCAL:
+            return self._peek_shards(key, rule, cost)
         bkey, brule = self._backend_key(key, rule)
         try:
             self._b._trips += 1
@@ -703,6 +705,19 @@ class HybridStore(Store):
         except StorageError as exc:
             self._set_degraded(True, str(exc))
             return self._degraded_hit(key, rule, cost, consume=False)
+
+    def _peek_shards(self, key: str, rule: Rule, cost: int) -> Decision:
+        """A sharded key's view: every shard read in one batch (one round trip per node),
+        the sum of what they have left."""
+        parts = [self._shard_rule(rule, i) for i in range(self.shards)]
+        grants = self._b.lease_many([(f"{key}\x00{i}", r, 0, 0) for i, r in enumerate(parts)])
+        errors = [g for g in grants if isinstance(g, StorageError)]
+        if errors:
+            self._set_degraded(True, str(errors[0]))
+            return self._degraded_hit(key, rule, cost, consume=False)
+        left = sum(g[1] for g in grants if not isinstance(g, StorageError))
+        fits = any(g[1] >= cost for g in grants if not isinstance(g, StorageError))
+        return _new(Decision, (fits, rule._algo.B, left, 0.0, 0.0, rule, False))
 
     def hit_all(self, key: str, rules: Sequence[Rule], cost: int = 1) -> Decision:
         if type(key) is not str:

@@ -1,7 +1,8 @@
-"""Eight real processes, one real Redis, the wall clock: the accuracy the docs state.
+"""Eight real processes, one real Redis, the wall clock: the accuracy the docs state,
+then the same processes through a Redis killed (SIGKILL) and restarted.
 
 Real time is the point here (the processes' sync threads, Redis TIME and the network
-run on it), so this test waits on the wall clock; it is bounded (about 15 s).
+run on it), so this test waits on the wall clock; it is bounded (about 20 s).
 """
 
 from __future__ import annotations
@@ -20,6 +21,13 @@ from tests.redis_servers import start_redis
 PROCS = 8
 WINDOW = 2.0
 RUN = 6.0  # three whole windows
+# the outage phase, on its own key, after the accuracy windows: traffic from RUN to
+# OUTAGE_END; Redis is killed at RUN + KILL and restarted at RUN + WINDOW (empty), so the
+# window [RUN, RUN + 2) is nearly all without it and [RUN + 2, RUN + 4) sees it return
+OUTAGE = Rule(800, WINDOW, algorithm="fixed_window")
+OUTAGE_RATE = 2400.0  # 3x, even
+OUTAGE_END = RUN + 2 * WINDOW
+KILL = 0.3
 # name -> (algorithm, demand per second over the fleet, skewed: process 0 sends 90 %)
 SCENARIOS: dict[str, tuple[str, float, bool]] = {
     "fw-even": ("fixed_window", 1500, False),
@@ -54,10 +62,23 @@ def worker(i: int, url: str, barrier: Any, start: Any, out: Any) -> None:
         time.sleep(0.001)  # real time: all start together at a window boundary
     end = t0 + RUN
     caught_up = t0
+    outage: list[tuple[float, bool, bool]] = []  # (time, allowed, degraded)
+    o_sent = 0
+    o_start = t0 + RUN
     while True:
         now = time.time()
-        if now >= end:
+        if now >= t0 + OUTAGE_END:
             break
+        if now >= o_start:
+            due = int(OUTAGE_RATE / PROCS * (now - o_start)) - o_sent
+            for _ in range(due):
+                t = time.time()
+                d = store.hit("outage", OUTAGE)
+                outage.append((t, d.allowed, d.degraded))
+            o_sent += due
+        if now >= end:
+            time.sleep(0.002)  # real time: requests arrive over the run
+            continue
         elapsed = now - t0
         for name, rule in rules.items():
             due = int(rates[name] * elapsed) - sent[name]
@@ -70,7 +91,7 @@ def worker(i: int, url: str, barrier: Any, start: Any, out: Any) -> None:
             sent[name] += due
         caught_up = now  # every request due by `now` was sent
         time.sleep(0.002)  # real time: requests arrive over the run
-    out.put((i, admitted, denied, sent, store.stats(), caught_up))
+    out.put((i, admitted, denied, sent, store.stats(), caught_up, outage))
     store.close()
 
 
@@ -90,6 +111,11 @@ def test_eight_processes_on_one_redis_stay_within_3_percent() -> None:
         barrier.wait(timeout=60)
         start.value = (math.floor(time.time() / WINDOW) + 1) * WINDOW  # the next boundary
         barrier.wait(timeout=10)
+        t0 = start.value
+        time.sleep(max(0.0, t0 + RUN + KILL - time.time()))  # real time: the outage's plan
+        server.stop()  # SIGKILL
+        time.sleep(max(0.0, t0 + RUN + WINDOW - time.time()))
+        server.restart()  # the same port, empty (no persistence)
         results = [out.get(timeout=60) for _ in procs]
         for p in procs:
             p.join(timeout=10)
@@ -127,3 +153,16 @@ def test_eight_processes_on_one_redis_stay_within_3_percent() -> None:
             offered = 1000 + 500 * (offered_until - t0)
             assert counts[0] >= 0.97 * offered, (name, counts, offered)
     assert sum(r[4]["local_decisions"] for r in results) > 0
+
+    # the outage: every check answered, the window without Redis near the limit (each
+    # process enforces 1/8 of it), and every process back on Redis by the end
+    checks = [c for r in results for c in r[6]]
+    assert len(checks) >= 0.8 * OUTAGE_RATE * (OUTAGE_END - RUN)
+    down = [c for c in checks if t0 + RUN + KILL + 0.05 <= c[0] < t0 + RUN + WINDOW]
+    assert sum(1 for c in down if c[2]) > 0.5 * len(down)  # answered on the shares
+    per_window = Counter(int((c[0] - t0) // WINDOW) for c in checks if c[1])
+    first = int(RUN / WINDOW)
+    # the window of the outage and the window of the return: near the limit, not 8 x it
+    for w in (first, first + 1):
+        assert 0.5 * OUTAGE.limit <= per_window[w] <= 1.05 * OUTAGE.limit, per_window
+    assert all(r[4]["degraded"] is False for r in results)  # reconnected, no restart

@@ -79,6 +79,7 @@ class _Entry:
         "denied_until",
         "dentry",
         "dirty",
+        "dshare",
         "dused",
         "dwindow",
         "expires",
@@ -111,6 +112,7 @@ class _Entry:
         self.synced_at = now
         self.dirty = False      # in the store's list of entries checked since the round
         self.dentry: list[Any] | None = None  # the local state while degraded
+        self.dshare = 1.0       # the share of the limit it enforces meanwhile
         self.dused = 0          # admitted while degraded, to charge on reconnection
         self.dwindow = 0
 
@@ -208,7 +210,7 @@ class HybridStore(Store):
         self._shard_rules: dict[tuple[str, int], Rule] = {}
         self._outage_rules: dict[tuple[str, int], Rule] = {}  # (rule id, limit) -> rule
         self._home = (id(self) ^ (time.perf_counter_ns() >> 10)) % self.shards
-        self._degraded = False
+        self._degraded, self._recovered_at = False, 0  # (when the backend came back, us)
         # the processes sharing the backend, counted on it: each adds 1 per peer window
         peer_window = max(1.0, 4 * sync_interval) if sync_interval is not None else 1.0
         self._peer_rule = Rule(2**40, peer_window, "fixed_window", name="hybrid-peers")
@@ -216,6 +218,7 @@ class HybridStore(Store):
         # until the first count arrives, as if the fleet were huge: exact checks, no leases
         # beyond their cost (a process that just started cannot know its share)
         self._peer_win, self._peers, self._peers_last = -1, 1 << 30, 0
+        self._peer_count = 0  # counted in the current peer window so far
         self._last_sync = self._now()
         self._local_decisions = self._direct_checks = self._keys_synced = self._syncs = 0
         self._rounds = 0
@@ -224,11 +227,10 @@ class HybridStore(Store):
         self._get = self._entries.get
         self._dirty: list[_Entry] = []  # entries checked since the last round
         self._thread: threading.Thread | None = None
+        self._task: asyncio.Task[None] | None = None
         # True until the blocking API has started its sync thread (one flag on the hot path)
         self._no_sync_yet = sync_interval is not None
-        self._task: asyncio.Task[None] | None = None
-        self._stop = threading.Event()
-        self._closed = False
+        self._stop, self._closed = threading.Event(), False
 
     # -- construction from a URL ---------------------------------------------------------
     @classmethod
@@ -475,6 +477,14 @@ class HybridStore(Store):
             hold = min(hold, w - now % w)
         return max(retry_us, hold)
 
+    def _recovering(self, rule: Rule, now: int) -> bool:
+        """True in the window of the backend's return, for a window algorithm: checks stay
+        on the outage share (see _fold)."""
+        if not self._recovered_at or rule.algorithm not in _WINDOWS:
+            return False
+        w = rule._algo.W
+        return now // w == self._recovered_at // w
+
     def _mark(self, e: _Entry) -> None:
         """Put ``e`` in the list of entries the next round looks at (lock held)."""
         if not e.dirty:
@@ -523,7 +533,11 @@ class HybridStore(Store):
                     e.lease -= cost
                     e.used += cost
                 return _new(Decision, (True, rule._algo.B, e.lease, 0.0, 0.0, rule, True))
-            local = self._outage_rule(rule, self._share_of(e))
+            if e.dentry is None:
+                # the share is fixed for as long as the local state lives: the process
+                # count read from a backend just back (and empty) may be low for a while
+                e.dshare = self._share_of(e)
+            local = self._outage_rule(rule, e.dshare)
             algo = local._algo
             if e.dentry is None:
                 e.dentry = algo.fresh()
@@ -624,6 +638,7 @@ class HybridStore(Store):
         if rule.algorithm not in _LOCAL or (self._hot is not None
                                              and not self._hot.check(key, now)):
             return self._direct(key, rule, cost, now)
+        local = False
         self._acquire()
         try:
             e = self._get((rule._id, key))
@@ -647,10 +662,11 @@ class HybridStore(Store):
                                            reset / 1e6 if reset > 0 else 0.0, 0.0, rule,
                                            False))
                 e.demand -= cost  # counted again when the reply is folded in
+            local = self._recovered_at != 0 and self._recovering(rule, now)
             want = self._want(e, now, cost) if e is not None else cost
         finally:
             self._release()
-        if self._degraded:
+        if self._degraded or local:
             return self._degraded_hit(key, rule, cost)
         try:
             g = self._lease(key, rule, want, cost)
@@ -672,7 +688,8 @@ class HybridStore(Store):
                 return d
             e = self._entries.get((rule._id, key))
             want = self._want(e, now, cost) if e is not None else cost
-        if self._degraded:
+            local = self._recovered_at != 0 and self._recovering(rule, now)
+        if self._degraded or local:
             return self._degraded_hit(key, rule, cost)
         try:
             g = await self._alease(key, rule, want, cost)
@@ -874,8 +891,12 @@ class HybridStore(Store):
             requests.append((self._peer_key, self._peer_rule,
                              1 if win != self._peer_win else 0, 0))
             if win != self._peer_win:
-                self._peers_last = self._peers if self._peer_win == win - 1 else 0
+                # the count of the last whole window; after a gap (an outage) the last one
+                # seen: the count of a window just begun is only those counted so far
+                if self._peer_win == win - 1 or self._peers_last == 0:
+                    self._peers_last = self._peer_count
                 self._peer_win = win
+                self._peer_count = 0
         # only the entries checked since the last round (the dirty list), not every entry
         dirty, self._dirty = self._dirty, []
         live = self._entries
@@ -892,6 +913,16 @@ class HybridStore(Store):
                 self._dirty.append(e)  # still dirty: charged when the backend is back
                 continue
             e.dirty = False
+            if e.dused > 0:  # admitted on the outage share: charge it (a lease with min 0)
+                if _window_of(rule, now) == e.dwindow:
+                    bkey, brule = self._backend_key(e.key, rule)
+                    entries.append(e)
+                    requests.append((bkey, brule, min(e.dused, brule._algo.B), 0))
+                else:
+                    e.dused = 0  # that window is over
+            if self._recovering(rule, now):
+                continue  # still on its outage share: no lease this window
+            e.dentry = None
             need = self._topup(e, now, interval_us)
             if need <= 0:
                 continue
@@ -904,7 +935,7 @@ class HybridStore(Store):
             idle = _SWEEP_ROUNDS * interval_us
             drop = [k for k, e in live.items()
                     if not e.dirty and e.dused == 0 and e.denied_until <= now
-                    and now - e.synced_at > idle]
+                    and e.dentry is None and now - e.synced_at > idle]
         for k in drop:
             self._voided += self._entries.pop(k).lease
         return entries, requests
@@ -951,7 +982,7 @@ class HybridStore(Store):
                     return self._round(0, 0, 0, 0, start)
             else:
                 return self._round(0, 0, 0, 0, start)
-            return self._fold(entries, grants, now, was_degraded, trips, start)
+            return self._fold(entries, requests, grants, now, was_degraded, trips, start)
 
     async def async_sync(self) -> dict[str, Any]:
         """:meth:`sync` on the running event loop."""
@@ -970,7 +1001,7 @@ class HybridStore(Store):
                 return self._round(0, 0, 0, 0, start)
         else:
             return self._round(0, 0, 0, 0, start)
-        return self._fold(entries, grants, now, was_degraded, trips, start)
+        return self._fold(entries, requests, grants, now, was_degraded, trips, start)
 
     def _probe(self) -> bool:
         try:
@@ -978,23 +1009,24 @@ class HybridStore(Store):
         except StorageError:
             return False
 
-    def _fold(self, entries: list[_Entry | None], grants: list[Grant | StorageError], now: int,
-              was_degraded: bool, trips: int, start: float) -> dict[str, Any]:
+    def _fold(self, entries: list[_Entry | None], requests: list[LeaseRequest],
+              grants: list[Grant | StorageError], now: int, was_degraded: bool, trips: int,
+              start: float) -> dict[str, Any]:
         failed = 0
         granted = 0
         error = ""
         with self._lock:
-            for e, g in zip(entries, grants, strict=True):
+            for e, req, g in zip(entries, requests, grants, strict=True):
                 if isinstance(g, StorageError):
                     failed += 1
                     error = str(g)
                     continue
                 if e is None:  # the peer count: this window's, or the last whole one's
-                    self._peers = max(1, self._peer_rule._algo.B - g[1], self._peers_last)
+                    self._peer_count = max(self._peer_count, self._peer_rule._algo.B - g[1])
+                    self._peers = max(1, self._peer_count, self._peers_last)
                     continue
-                if was_degraded:
+                if req[3] == 0:  # a charge of what was admitted on the outage share
                     e.dused = 0  # charged (as much as the counter could take)
-                    e.dentry = None
                     e.remaining = g[1]
                     continue
                 self._credit(e, g, now)
@@ -1006,9 +1038,10 @@ class HybridStore(Store):
         if failed and failed == len(grants):
             self._set_degraded(True, error)
         elif was_degraded:
-            with self._lock:
-                for e in self._entries.values():
-                    e.dentry = None
+            # the others may still be on their shares, their admissions not charged yet:
+            # the window algorithms stay on this process's share until their window ends,
+            # so the fleet keeps within the limit in the window of the reconnection too
+            self._recovered_at = now
             self._set_degraded(False, "")
         keys = sum(1 for e in entries if e is not None)
         self._keys_synced += keys

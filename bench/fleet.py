@@ -42,6 +42,7 @@ import argparse
 import math
 import random
 import time
+import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -181,7 +182,7 @@ def main() -> None:
     def pick_server(key: str, region: int) -> int:
         servers = region_servers[region]
         if args.balance == "sticky":
-            return servers[hash(key) % len(servers)]
+            return servers[zlib.crc32(key.encode(), 1) % len(servers)]
         return servers[int(rng.random() * len(servers))]
 
     def tick() -> None:
@@ -206,7 +207,7 @@ def main() -> None:
             else:
                 name = "bot"
                 key = f"bot:{int(rnd() * n_bot)}"
-            region = hash(key) % REGIONS
+            region = zlib.crc32(key.encode()) % REGIONS  # stable across runs
             server = pick_server(key, region)
             rule = classes[name].rule
             store = stores[server]

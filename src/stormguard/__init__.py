@@ -31,6 +31,7 @@ from stormguard.resilience import (
 )
 from stormguard.resilience.pipeline import Pipeline
 from stormguard.stores import MemoryStore, Store
+from stormguard.stores.regional import RegionalStore
 
 if TYPE_CHECKING:
     from stormguard.stores.redis import RedisClusterStore, RedisStore
@@ -52,6 +53,7 @@ __all__ = [
     "RateLimiter",
     "RedisClusterStore",
     "RedisStore",
+    "RegionalStore",
     "Retry",
     "RetryBudget",
     "RetryBudgetExhausted",

@@ -1,0 +1,564 @@
+"""`RegionalStore`: each region enforces its share of a global limit, in its own store.
+
+Checks touch only this region's store, with the limit scaled to the region's share of
+the global limit. The shares move with demand: every ``sync_interval`` the region
+publishes what it saw per active key (offered, admitted, denied) to the board of every
+peer region's store (one batched write per peer, a heartbeat when idle) and recomputes
+the shares by water-filling from the latest reports (:mod:`.shares`). A scaled rule is a
+copy of the rule with the same storage identity (the same counters), so moving a share
+in the middle of a window carries what the region already admitted.
+
+Failure behaviour: a check never waits on a peer; ``sync()`` never raises (failures are
+counted in :meth:`RegionalStore.stats` and reported as :class:`.SyncFailed` events); a
+peer silent for longer than ``lease`` keeps the share last computed for it; a region
+that hears from nobody enforces the smaller of its last share and its static weight.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from stormguard._core import validate
+from stormguard._core.clock import Clock, system_clock
+from stormguard._core.errors import ConfigError
+from stormguard.observability.events import Listener, emit, observed
+from stormguard.ratelimit.decision import Decision
+from stormguard.ratelimit.reservation import Reservation
+from stormguard.ratelimit.rule import Rule
+from stormguard.stores.base import Store, check_cost, check_rules, key_error
+from stormguard.stores.regional.board import Board, board_for
+from stormguard.stores.regional.events import PeerLost, PeerRecovered, ShareChanged, SyncFailed
+from stormguard.stores.regional.shares import enforced_share, local_limit, plan_shares
+
+__all__ = ["RegionalStore"]
+
+_log = logging.getLogger("stormguard")
+
+_GCRA = ("gcra keeps its state scaled by the limit, so a share change would misread it; "
+         "use token_bucket, which admits exactly the same requests and whose state "
+         "carries across a share change (or split='static')")
+
+
+@dataclass(slots=True)
+class _Entry:
+    """One (rule, key): the shares this region last computed and the one it enforces."""
+
+    shares: dict[str, float]
+    computed: float
+    enforced: float
+    rule: Rule | None = None
+    local: Rule | None = None
+    active: float = 0.0  # monotonic time of the last demand anyone reported
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _check_regions(stores: object) -> dict[str, Any]:
+    if not isinstance(stores, Mapping) or not stores:
+        raise ConfigError("stores", stores, "must be a non-empty mapping of region name to "
+                          "a store URL or a Store")
+    for name, target in stores.items():
+        validate.text("stores", name)
+        if not isinstance(target, str | Store):
+            raise ConfigError("stores", target, f"region {name!r}: must be a URL string or a "
+                              "stormguard Store")
+    return dict(stores)
+
+
+class RegionalStore(Store):
+    """Per-region shares of a global limit (see the module docstring and docs/regions.md).
+
+    * ``region``: this region's name, a key of ``stores``; ``stores``: every region's
+      store, a URL or a :class:`Store` (this region's is the one checks use; the peers'
+      are only written to, by ``sync``).
+    * ``split``: ``"demand"`` (shares follow demand) or ``"static"`` (each region enforces
+      ``limit x weights[region]``, no sync at all).
+    * ``weights``: the static shares (equal by default); with ``"demand"`` they are the
+      shares of a key nobody has reported yet and the ceiling of an isolated region.
+    * ``sync_interval``: seconds between background syncs (``None``: no thread, call
+      :meth:`sync`); ``lease``: seconds after which a silent peer is stale;
+      ``min_share``: the floor of every region's share; ``peer_timeout``: the timeout
+      of the writes to peer regions (sized for cross-region links).
+    * ``boards``: where each region's reports are left (default: derived from
+      ``stores``: a Redis hash beside the counters, or in memory for a MemoryStore).
+    """
+
+    def __init__(self, *, region: str, stores: Mapping[str, str | Store],
+                 split: str = "demand", weights: Mapping[str, float] | None = None,
+                 sync_interval: float | None = 1.0, lease: float = 10.0,
+                 min_share: float = 0.05, peer_timeout: float = 0.5,
+                 clock: Clock | None = None, group: str = "default",
+                 max_keys: int = 10_000, boards: Mapping[str, Board] | None = None,
+                 store_options: Mapping[str, Any] | None = None,
+                 listeners: Sequence[Listener] = ()) -> None:
+        regions = _check_regions(stores)
+        validate.text("region", region)
+        if region not in regions:
+            raise ConfigError("region", region, f"is not a key of stores {sorted(regions)}")
+        validate.one_of("split", split, ("demand", "static"))
+        self.region = region
+        self.regions: tuple[str, ...] = tuple(regions)
+        self.peers: tuple[str, ...] = tuple(r for r in self.regions if r != region)
+        self.split = split
+        self.weights = self._check_weights(weights)
+        self.min_share = validate.number("min_share", min_share, allow_zero=True,
+                                         maximum=1.0 / len(self.regions))
+        if split == "demand":
+            low = [r for r, w in self.weights.items() if w < self.min_share - 1e-12]
+            if low:
+                raise ConfigError("weights", dict(self.weights), f"regions {low} weigh less "
+                                  f"than min_share {self.min_share}")
+        if sync_interval is not None:
+            sync_interval = validate.number("sync_interval", sync_interval)
+        self.sync_interval = sync_interval
+        self.lease = validate.number("lease", lease)
+        if sync_interval is not None and self.lease <= sync_interval:
+            raise ConfigError("lease", lease, f"must be longer than sync_interval "
+                              f"{sync_interval} (a peer would go stale between two syncs)")
+        self.peer_timeout = validate.number("peer_timeout", peer_timeout)
+        self.max_keys = validate.integer("max_keys", max_keys)
+        validate.text("group", group)
+        self.group = group
+        options = dict(store_options or {})
+        if clock is not None:
+            options.setdefault("clock", clock)
+        own = regions[region]
+        if isinstance(own, str):
+            from stormguard.stores import from_url
+
+            own = from_url(own, **options)
+        self.local: Store = own
+        self.clock: Clock = clock if clock is not None else getattr(own, "clock", system_clock)
+        self._listeners: list[Listener] = list(listeners)
+        self._policy = f"regional:{region}"
+        self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()
+        self._demand: dict[tuple[str, str], list[Any]] = {}
+        self._table: dict[tuple[str, str], _Entry] = {}
+        self._scaled: dict[tuple[str, int], Rule] = {}
+        self._static: dict[str, Rule] = {}
+        self._boards: dict[str, Board] = {}
+        self._heard: dict[str, float] = {}
+        self._peer_seq: dict[str, int] = {}
+        self._peer_demand: dict[str, dict[tuple[str, str], float]] = {}
+        self._lost: set[str] = set()
+        self._seq = 0
+        self._last_sync: float | None = None
+        self._counts: dict[str, int] = {"syncs": 0, "sync_failures": 0, "read_failures": 0,
+                                        "decode_failures": 0, "untracked": 0}
+        self._publish_failures = dict.fromkeys(self.peers, 0)
+        self._last_duration = 0.0
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        if split == "demand":
+            given = dict(boards or {})
+            for r in self.regions:
+                board = given.get(r)
+                if board is None:
+                    target = own if r == region else regions[r]
+                    board = board_for(target, group=group, timeout=self.peer_timeout)
+                self._boards[r] = board
+            if sync_interval is not None:
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name=f"stormguard-regional-{region}")
+                self._thread.start()
+
+    def _check_weights(self, weights: Mapping[str, float] | None) -> dict[str, float]:
+        n = len(self.regions)
+        if weights is None:
+            return dict.fromkeys(self.regions, 1.0 / n)
+        if not isinstance(weights, Mapping) or set(weights) != set(self.regions):
+            raise ConfigError("weights", weights, f"must give a weight to each region "
+                              f"{sorted(self.regions)} and no other")
+        out = {r: validate.number("weights", weights[r]) for r in self.regions}
+        if not math.isclose(sum(out.values()), 1.0, abs_tol=1e-6):
+            raise ConfigError("weights", dict(weights), f"must sum to 1, sum to "
+                              f"{sum(out.values()):g}")
+        return out
+
+    # -- the rules a region enforces --------------------------------------------------
+    def _scale(self, rule: Rule, share: float) -> Rule:
+        limit = local_limit(rule.limit, share)
+        k = (rule._id, limit)
+        scaled = self._scaled.get(k)
+        if scaled is None:
+            if self.split == "demand" and rule.algorithm == "gcra":
+                raise ConfigError("algorithm", rule.algorithm, _GCRA)
+            scaled = rule if limit == rule.limit else rule.with_limit(limit)
+            if scaled is not rule:
+                # the same storage identity: the same counters under a smaller limit, so
+                # a share change carries what was admitted (the stores key by rule._id)
+                object.__setattr__(scaled, "_id", rule._id)
+            if len(self._scaled) > 65_536:
+                self._scaled.clear()
+            self._scaled[k] = scaled
+        return scaled
+
+    def _local_rule(self, key: str, rule: Rule) -> Rule:
+        entry = self._table.get((rule._id, key))
+        if entry is not None:
+            local = entry.local
+            if local is None:
+                entry.rule = rule
+                local = entry.local = self._scale(rule, entry.enforced)
+            return local
+        static = self._static.get(rule._id)
+        if static is None:
+            if not isinstance(rule, Rule):
+                raise ConfigError("rule", rule, "must be a stormguard.Rule")
+            static = self._static[rule._id] = self._scale(rule, self.weights[self.region])
+        return static
+
+    def local_rule(self, key: str, rule: Rule) -> Rule:
+        """The rule this region enforces for ``key`` now: ``rule`` with its share of the
+        limit (and of the burst), and the same counters."""
+        if type(key) is not str:
+            raise key_error(key)
+        return self._local_rule(key, rule)
+
+    def _record(self, key: str, rule: Rule, cost: int, allowed: bool) -> None:
+        if self.split != "demand":
+            return
+        k = (rule._id, key)
+        with self._lock:
+            row = self._demand.get(k)
+            if row is None:
+                if len(self._demand) >= self.max_keys:
+                    self._counts["untracked"] += 1
+                    return
+                row = self._demand[k] = [rule, 0, 0, 0]
+            row[1] += cost
+            if allowed:
+                row[2] += cost
+            else:
+                row[3] += cost
+
+    @staticmethod
+    def _too_big(local: Rule) -> Decision:
+        """A cost the global rule admits but this region's share cannot hold at once."""
+        return Decision(False, local.capacity, 0, float(local.window), float(local.window),
+                        local)
+
+    # -- the Store contract: only the local store is touched -----------------------------
+    def hit(self, key: str, rule: Rule, cost: int = 1) -> Decision:
+        local = self.local_rule(key, rule)
+        if cost != 1 or type(cost) is not int:
+            cost = check_cost(rule, cost)
+            if cost > local.capacity:
+                self._record(key, rule, cost, False)
+                return self._too_big(local)
+        d = self.local.hit(key, local, cost)
+        self._record(key, rule, cost, d.allowed)
+        return d
+
+    async def ahit(self, key: str, rule: Rule, cost: int = 1) -> Decision:
+        local = self.local_rule(key, rule)
+        if cost != 1 or type(cost) is not int:
+            cost = check_cost(rule, cost)
+            if cost > local.capacity:
+                self._record(key, rule, cost, False)
+                return self._too_big(local)
+        d = await self.local.ahit(key, local, cost)
+        self._record(key, rule, cost, d.allowed)
+        return d
+
+    def peek(self, key: str, rule: Rule, cost: int = 1) -> Decision:
+        local = self.local_rule(key, rule)
+        if cost != 1 or type(cost) is not int:
+            cost = check_cost(rule, cost)
+            if cost > local.capacity:
+                return self._too_big(local)
+        return self.local.peek(key, local, cost)
+
+    async def apeek(self, key: str, rule: Rule, cost: int = 1) -> Decision:
+        local = self.local_rule(key, rule)
+        if cost != 1 or type(cost) is not int:
+            cost = check_cost(rule, cost)
+            if cost > local.capacity:
+                return self._too_big(local)
+        return await self.local.apeek(key, local, cost)
+
+    def _locals(self, key: str, rules: Sequence[Rule], cost: int) -> list[Rule] | Decision:
+        if type(key) is not str:
+            raise key_error(key)
+        if type(cost) is not int:
+            cost = validate.integer("cost", cost)
+        rules = check_rules(rules, cost)
+        scaled = [self._local_rule(key, r) for r in rules]
+        for s in scaled:
+            if cost > s.capacity:
+                return self._too_big(s)
+        return scaled
+
+    def hit_all(self, key: str, rules: Sequence[Rule], cost: int = 1) -> Decision:
+        scaled = self._locals(key, rules, cost)
+        d = scaled if isinstance(scaled, Decision) else self.local.hit_all(key, scaled, cost)
+        for r in check_rules(rules, cost):
+            self._record(key, r, cost, d.allowed)
+        return d
+
+    async def ahit_all(self, key: str, rules: Sequence[Rule], cost: int = 1) -> Decision:
+        scaled = self._locals(key, rules, cost)
+        d = scaled if isinstance(scaled, Decision) else await self.local.ahit_all(
+            key, scaled, cost)
+        for r in check_rules(rules, cost):
+            self._record(key, r, cost, d.allowed)
+        return d
+
+    def reserve(self, key: str, rule: Rule, cost: int = 1, *, max_wait: float | None = None,
+                book: bool = True) -> Reservation:
+        return self.local.reserve(key, self.local_rule(key, rule), cost, max_wait=max_wait,
+                                  book=book)
+
+    async def areserve(self, key: str, rule: Rule, cost: int = 1, *,
+                       max_wait: float | None = None, book: bool = True) -> Reservation:
+        return await self.local.areserve(key, self.local_rule(key, rule), cost,
+                                         max_wait=max_wait, book=book)
+
+    def reset(self, key: str, rule: Rule | Sequence[Rule]) -> None:
+        self.local.reset(key, rule)
+
+    async def areset(self, key: str, rule: Rule | Sequence[Rule]) -> None:
+        await self.local.areset(key, rule)
+
+    def ping(self) -> bool:
+        return self.local.ping()
+
+    async def aping(self) -> bool:
+        return await self.local.aping()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5 * self.peer_timeout + 1.0)
+        for board in self._boards.values():
+            try:
+                board.close()
+            except Exception:  # closing is best effort
+                _log.debug("closing a regional board failed", exc_info=True)
+        self.local.close()
+
+    async def aclose(self) -> None:
+        self.close()
+
+    # -- events -----------------------------------------------------------------------
+    def add_listener(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        self._listeners.remove(listener)
+
+    def _failed(self, peer: str, operation: str, error: BaseException) -> None:
+        self._counts["sync_failures"] += 1
+        if observed(self._listeners):
+            emit(self._listeners, SyncFailed(self._policy, self.clock.monotonic(), peer,
+                                             operation, error))
+
+    # -- the sync ---------------------------------------------------------------------
+    def _run(self) -> None:
+        interval = self.sync_interval or 1.0
+        while not self._stop.is_set():
+            self.sync()
+            self._stop.wait(interval)  # real time: the background thread's period
+
+    def sync(self) -> None:
+        """Publish this region's demand to every peer, read the peers' reports, recompute
+        the shares. Never raises: failures are counted in :meth:`stats`."""
+        if self.split != "demand":
+            return
+        with self._sync_lock:
+            start = self.clock.monotonic()
+            try:
+                self._sync(start)
+            except Exception as exc:  # sync() never raises; the failure is counted
+                _log.warning("stormguard regional sync of %r failed", self.region,
+                             exc_info=True)
+                self._failed("", "sync", exc)
+            self._counts["syncs"] += 1
+            self._last_duration = self.clock.monotonic() - start
+
+    def _report(self, now: float) -> tuple[bytes, dict[tuple[str, str], float],
+                                           dict[str, Rule]]:
+        last = self._last_sync
+        interval = (now - last) if last is not None else (self.sync_interval or 1.0)
+        interval = max(interval, 1e-3)
+        self._last_sync = now
+        with self._lock:
+            demand, self._demand = self._demand, {}
+        rows = sorted(demand.items(), key=lambda kv: kv[1][1], reverse=True)
+        own: dict[tuple[str, str], float] = {}
+        rules: dict[str, Rule] = {}
+        items = []
+        for (rid, key), (rule, offered, admitted, denied) in rows:
+            d = offered / interval * rule.window / rule.limit
+            own[(rid, key)] = d
+            rules[rid] = rule
+            items.append([rid, key, d, offered, admitted, denied])
+        self._seq += 1
+        payload = json.dumps({"v": 1, "region": self.region, "seq": self._seq,
+                              "interval": interval, "keys": items},
+                             separators=(",", ":")).encode()
+        return payload, own, rules
+
+    def _publish(self, payload: bytes) -> None:
+        ttl = 2 * self.lease
+        for peer in self.peers:
+            try:
+                self._boards[peer].write(self.region, payload, ttl)
+            except Exception as exc:  # a peer unreachable is counted, never raised
+                self._publish_failures[peer] += 1
+                self._failed(peer, "publish", exc)
+
+    def _receive(self, now: float) -> None:
+        try:
+            reports = self._boards[self.region].read()
+        except Exception as exc:  # own board unreachable: the peers look silent
+            self._counts["read_failures"] += 1
+            self._failed(self.region, "read", exc)
+            return
+        for sender, raw in reports.items():
+            if sender not in self._publish_failures:
+                continue  # this region, or a region not configured here
+            try:
+                report = json.loads(raw)
+                seq = int(report["seq"])
+                demand = {(str(rid), str(key)): float(d)
+                          for rid, key, d, *_ in report["keys"]}
+            except Exception as exc:  # a malformed report is ignored, the peer looks silent
+                self._counts["decode_failures"] += 1
+                self._failed(sender, "decode", exc)
+                continue
+            if seq != self._peer_seq.get(sender):
+                self._peer_seq[sender] = seq
+                self._heard[sender] = now
+                self._peer_demand[sender] = demand
+
+    def _fresh(self, now: float) -> set[str]:
+        fresh = {self.region}
+        for peer in self.peers:
+            heard = self._heard.get(peer)
+            if heard is not None and now - heard <= self.lease:
+                fresh.add(peer)
+                if peer in self._lost:
+                    self._lost.discard(peer)
+                    if observed(self._listeners):
+                        emit(self._listeners, PeerRecovered(self._policy, now, peer))
+            elif peer not in self._lost:
+                self._lost.add(peer)
+                if heard is not None and observed(self._listeners):
+                    emit(self._listeners, PeerLost(self._policy, now, peer, now - heard))
+        return fresh
+
+    def _sync(self, now: float) -> None:
+        payload, own, rules = self._report(now)
+        self._publish(payload)
+        self._receive(now)
+        fresh = self._fresh(now)
+        isolated = len(fresh) == 1 and bool(self.peers)
+        keys: dict[tuple[str, str], None] = dict.fromkeys(self._table)
+        keys.update(dict.fromkeys(own))
+        for peer in fresh:
+            if peer != self.region:
+                keys.update(dict.fromkeys(self._peer_demand.get(peer, {})))
+        table = self._table
+        weight = self.weights[self.region]
+        listening = observed(self._listeners)
+        for k in keys:
+            entry = table.get(k)
+            if entry is None and len(table) >= self.max_keys:
+                self._counts["untracked"] += 1
+                continue
+            demand = {self.region: own.get(k, 0.0)}
+            for peer in fresh:
+                if peer != self.region:
+                    demand[peer] = self._peer_demand.get(peer, {}).get(k, 0.0)
+            if any(demand.values()):
+                active = now
+            elif entry is not None:
+                active = entry.active
+            else:
+                continue  # nobody wants it and nothing is known: the static weights hold
+            last = entry.shares if entry is not None else None
+            old = entry.enforced if entry is not None else weight
+            if isolated:
+                new = enforced_share(0.0, old, weight, True)
+                shares = dict(last) if last is not None else dict(self.weights)
+                shares[self.region] = new
+                computed = new
+            else:
+                shares = plan_shares(self.regions, demand, fresh, last, self.weights,
+                                     self.min_share)
+                computed = shares[self.region]
+                previous = entry.computed if entry is not None else weight
+                new = enforced_share(computed, previous, weight, False)
+            if entry is None:
+                entry = table[k] = _Entry(shares, computed, new, active=active)
+            else:
+                entry.shares, entry.computed, entry.active = shares, computed, active
+            rule = rules.get(k[0]) or entry.rule
+            if rule is not None:
+                entry.rule = rule
+                local = self._scale(rule, new)
+                if listening and local is not entry.local and abs(new - old) > 1e-9:
+                    emit(self._listeners, ShareChanged(self._policy, now, k[1], k[0], old,
+                                                       new, local.limit))
+                entry.local = local
+            entry.enforced = new
+            # a key idle for a lease whose share is back at the static weight is the
+            # same as a key never seen: forget it
+            if (now - entry.active > self.lease and not any(demand.values())
+                    and math.isclose(new, weight, abs_tol=1e-9)):
+                del table[k]
+
+    # -- introspection ------------------------------------------------------------------
+    def shares(self, key: str, rule: Rule) -> dict[str, float]:
+        """The shares of ``key`` under ``rule`` as this region sees them (this region's
+        entry is the share it enforces)."""
+        if type(key) is not str:
+            raise key_error(key)
+        if self.split == "static":
+            return dict(self.weights)
+        entry = self._table.get((rule._id, key))
+        if entry is None:
+            return dict(self.weights)
+        out = dict(entry.shares)
+        out[self.region] = entry.enforced
+        return out
+
+    def state(self) -> str:
+        """``"static"``, ``"connected"`` (every peer fresh), ``"partial"`` (some peers
+        stale) or ``"isolated"`` (no fresh peer)."""
+        if self.split == "static":
+            return "static"
+        if not self.peers:
+            return "connected"
+        now = self.clock.monotonic()
+        fresh = [p for p in self.peers
+                 if (h := self._heard.get(p)) is not None and now - h <= self.lease]
+        if len(fresh) == len(self.peers):
+            return "connected"
+        return "partial" if fresh else "isolated"
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of the sync and the peers' freshness (never raises)."""
+        now = self.clock.monotonic()
+        peers = {}
+        for p in self.peers:
+            h = self._heard.get(p)
+            peers[p] = {"fresh": h is not None and now - h <= self.lease,
+                        "silent": None if h is None else now - h,
+                        "publish_failures": self._publish_failures[p]}
+        return {"region": self.region, "split": self.split, "state": self.state(),
+                **self._counts,
+                "publish_failures": sum(self._publish_failures.values()),
+                "keys": len(self._table), "peers": peers,
+                "last_sync_duration": self._last_duration}
+
+    def __repr__(self) -> str:
+        return (f"RegionalStore(region={self.region!r}, regions={list(self.regions)}, "
+                f"split={self.split!r}, local={self.local!r})")

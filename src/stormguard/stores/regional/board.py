@@ -37,7 +37,7 @@ class Board:
         """Every sender's latest report (raises StorageError)."""
         raise NotImplementedError
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:
         """Release connections."""
 
 

@@ -24,13 +24,19 @@ def waterfill(demand: Sequence[float], total: float = 1.0, floor: float = 0.0,
       that makes the sum ``total``: small demands are met in full, the large ones are
       cut to the same level, nobody is cut below someone who is served more;
     * underload: every demand is met (``max(floor, demand)``) and what is left is
-      shared in proportion to demand (to ``prior``, equal when omitted, if no region
-      has any demand), so each region has headroom in proportion to its traffic.
+      shared in proportion to demand, so each region has headroom in proportion to its
+      traffic. When nobody has any demand the shares are ``prior`` scaled to ``total``
+      (equal when omitted, floors first if a prior share is below the floor).
     """
     n = len(demand)
     if n == 0:
         return []
     floor = min(floor, total / n)
+    if sum(demand) <= 0 and prior is not None and sum(prior) > 0:
+        psum = sum(prior)
+        split = [total * p / psum for p in prior]
+        if min(split) >= floor:
+            return split  # nobody asks: the prior as it is (the static weights)
     need = [max(floor, d) for d in demand]
     if sum(need) >= total:
         order = sorted(range(n), key=lambda i: demand[i], reverse=True)

@@ -105,21 +105,7 @@ class RegionalStore(Store):
         self.regions: tuple[str, ...] = tuple(regions)
         self.peers: tuple[str, ...] = tuple(r for r in self.regions if r != region)
         self.split = split
-        self.weights = self._check_weights(weights)
-        self.min_share = validate.number("min_share", min_share, allow_zero=True,
-                                         maximum=1.0 / len(self.regions))
-        if split == "demand":
-            low = [r for r, w in self.weights.items() if w < self.min_share - 1e-12]
-            if low:
-                raise ConfigError("weights", dict(self.weights), f"regions {low} weigh less "
-                                  f"than min_share {self.min_share}")
-        if sync_interval is not None:
-            sync_interval = validate.number("sync_interval", sync_interval)
-        self.sync_interval = sync_interval
-        self.lease = validate.number("lease", lease)
-        if sync_interval is not None and self.lease <= sync_interval:
-            raise ConfigError("lease", lease, f"must be longer than sync_interval "
-                              f"{sync_interval} (a peer would go stale between two syncs)")
+        self._check_options(weights, min_share, sync_interval, lease)
         self.peer_timeout = validate.number("peer_timeout", peer_timeout)
         self.max_keys = validate.integer("max_keys", max_keys)
         validate.text("group", group)
@@ -156,17 +142,42 @@ class RegionalStore(Store):
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         if split == "demand":
-            given = dict(boards or {})
-            for r in self.regions:
-                board = given.get(r)
-                if board is None:
-                    target = own if r == region else regions[r]
-                    board = board_for(target, group=group, timeout=self.peer_timeout)
-                self._boards[r] = board
+            self._open_boards(regions, own, boards)
             if sync_interval is not None:
                 self._thread = threading.Thread(target=self._run, daemon=True,
                                                 name=f"stormguard-regional-{region}")
                 self._thread.start()
+
+    def _open_boards(self, regions: Mapping[str, str | Store], own: Store,
+                     boards: Mapping[str, Board] | None) -> None:
+        given = dict(boards or {})
+        for r in self.regions:
+            board = given.get(r)
+            if board is None:
+                target = own if r == self.region else regions[r]
+                board = board_for(target, group=self.group, timeout=self.peer_timeout)
+            elif not isinstance(board, Board):
+                raise ConfigError("boards", board, f"region {r!r}: must be a "
+                                  "stormguard.stores.regional.Board")
+            self._boards[r] = board
+
+    def _check_options(self, weights: Mapping[str, float] | None, min_share: float,
+                       sync_interval: float | None, lease: float) -> None:
+        self.weights = self._check_weights(weights)
+        self.min_share = validate.number("min_share", min_share, allow_zero=True,
+                                         maximum=1.0 / len(self.regions))
+        if self.split == "demand":
+            low = [r for r, w in self.weights.items() if w < self.min_share - 1e-12]
+            if low:
+                raise ConfigError("weights", dict(self.weights), f"regions {low} weigh less "
+                                  f"than min_share {self.min_share}")
+        if sync_interval is not None:
+            sync_interval = validate.number("sync_interval", sync_interval)
+        self.sync_interval = sync_interval
+        self.lease = validate.number("lease", lease)
+        if sync_interval is not None and self.lease <= sync_interval:
+            raise ConfigError("lease", lease, f"must be longer than sync_interval "
+                              f"{sync_interval} (a peer would go stale between two syncs)")
 
     def _check_weights(self, weights: Mapping[str, float] | None) -> dict[str, float]:
         n = len(self.regions)
@@ -465,55 +476,61 @@ class RegionalStore(Store):
         for peer in fresh:
             if peer != self.region:
                 keys.update(dict.fromkeys(self._peer_demand.get(peer, {})))
-        table = self._table
-        weight = self.weights[self.region]
-        listening = observed(self._listeners)
         for k in keys:
-            entry = table.get(k)
-            if entry is None and len(table) >= self.max_keys:
-                self._counts["untracked"] += 1
-                continue
             demand = {self.region: own.get(k, 0.0)}
             for peer in fresh:
                 if peer != self.region:
                     demand[peer] = self._peer_demand.get(peer, {}).get(k, 0.0)
-            if any(demand.values()):
-                active = now
-            elif entry is not None:
-                active = entry.active
-            else:
-                continue  # nobody wants it and nothing is known: the static weights hold
-            last = entry.shares if entry is not None else None
-            old = entry.enforced if entry is not None else weight
-            if isolated:
-                new = enforced_share(0.0, old, weight, True)
-                shares = dict(last) if last is not None else dict(self.weights)
-                shares[self.region] = new
-                computed = new
-            else:
-                shares = plan_shares(self.regions, demand, fresh, last, self.weights,
-                                     self.min_share)
-                computed = shares[self.region]
-                previous = entry.computed if entry is not None else weight
-                new = enforced_share(computed, previous, weight, False)
-            if entry is None:
-                entry = table[k] = _Entry(shares, computed, new, active=active)
-            else:
-                entry.shares, entry.computed, entry.active = shares, computed, active
-            rule = rules.get(k[0]) or entry.rule
-            if rule is not None:
-                entry.rule = rule
-                local = self._scale(rule, new)
-                if listening and local is not entry.local and abs(new - old) > 1e-9:
-                    emit(self._listeners, ShareChanged(self._policy, now, k[1], k[0], old,
-                                                       new, local.limit))
-                entry.local = local
-            entry.enforced = new
-            # a key idle for a lease whose share is back at the static weight is the
-            # same as a key never seen: forget it
-            if (now - entry.active > self.lease and not any(demand.values())
-                    and math.isclose(new, weight, abs_tol=1e-9)):
-                del table[k]
+            self._plan_key(k, demand, fresh, isolated, rules.get(k[0]), now)
+
+    def _plan_key(self, k: tuple[str, str], demand: dict[str, float], fresh: set[str],
+                  isolated: bool, rule: Rule | None, now: float) -> None:
+        """Recompute one key's shares from ``demand`` (this region's and its fresh
+        peers') and set the share this region enforces."""
+        table = self._table
+        weight = self.weights[self.region]
+        entry = table.get(k)
+        if entry is None and len(table) >= self.max_keys:
+            self._counts["untracked"] += 1
+            return
+        wanted = any(demand.values())
+        if wanted:
+            active = now
+        elif entry is not None:
+            active = entry.active
+        else:
+            return  # nobody wants it and nothing is known: the static weights hold
+        last = entry.shares if entry is not None else None
+        old = entry.enforced if entry is not None else weight
+        if isolated:
+            new = enforced_share(0.0, old, weight, True)
+            shares = dict(last) if last is not None else dict(self.weights)
+            shares[self.region] = computed = new
+        else:
+            shares = plan_shares(self.regions, demand, fresh, last, self.weights,
+                                 self.min_share)
+            computed = shares[self.region]
+            previous = entry.computed if entry is not None else weight
+            new = enforced_share(computed, previous, weight, False)
+        if entry is None:
+            entry = table[k] = _Entry(shares, computed, new, active=active)
+        else:
+            entry.shares, entry.computed, entry.active = shares, computed, active
+        rule = rule or entry.rule
+        if rule is not None:
+            entry.rule = rule
+            local = self._scale(rule, new)
+            if (local is not entry.local and abs(new - old) > 1e-9
+                    and observed(self._listeners)):
+                emit(self._listeners, ShareChanged(self._policy, now, k[1], k[0], old, new,
+                                                   local.limit))
+            entry.local = local
+        entry.enforced = new
+        # a key idle for a lease whose share is back at the static weight is the same as
+        # a key never seen: forget it
+        if not wanted and now - entry.active > self.lease and math.isclose(
+                new, weight, abs_tol=1e-9):
+            del table[k]
 
     # -- introspection ------------------------------------------------------------------
     def shares(self, key: str, rule: Rule) -> dict[str, float]:

@@ -21,7 +21,7 @@ import logging
 import math
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from stormguard._core import validate
@@ -40,9 +40,11 @@ __all__ = ["RegionalStore"]
 
 _log = logging.getLogger("stormguard")
 
-_GCRA = ("gcra keeps its state scaled by the limit, so a share change would misread it; "
-         "use token_bucket, which admits exactly the same requests and whose state "
-         "carries across a share change (or split='static')")
+# the token bucket keeps what is *left* and GCRA a time scaled by the limit: neither
+# carries what was admitted across a change of the limit. The leaky bucket (as a meter)
+# admits exactly the same requests and keeps what was *spent*: under demand shares the
+# two are enforced as the leaky bucket, under a storage identity of its own.
+_AS_LEAKY = ("token_bucket", "gcra")
 
 
 @dataclass(slots=True)
@@ -55,7 +57,9 @@ class _Entry:
     rule: Rule | None = None
     local: Rule | None = None
     active: float = 0.0  # monotonic time of the last demand anyone reported
-    extra: dict[str, Any] = field(default_factory=dict)
+    # an increase waiting for the peers to read the report that justifies it:
+    # (share, the sequence number of that report)
+    take: tuple[float, int] | None = None
 
 
 def _check_regions(stores: object) -> dict[str, Any]:
@@ -132,6 +136,7 @@ class RegionalStore(Store):
         self._heard: dict[str, float] = {}
         self._peer_seq: dict[str, int] = {}
         self._peer_demand: dict[str, dict[tuple[str, str], float]] = {}
+        self._acks: dict[str, int] = {}  # peer -> the last seq of ours it had read
         self._lost: set[str] = set()
         self._seq = 0
         self._last_sync: float | None = None
@@ -198,13 +203,15 @@ class RegionalStore(Store):
         k = (rule._id, limit)
         scaled = self._scaled.get(k)
         if scaled is None:
-            if self.split == "demand" and rule.algorithm == "gcra":
-                raise ConfigError("algorithm", rule.algorithm, _GCRA)
-            scaled = rule if limit == rule.limit else rule.with_limit(limit)
-            if scaled is not rule:
+            base = rule
+            if self.split == "demand" and rule.algorithm in _AS_LEAKY:
+                base = Rule(rule.limit, rule.window, "leaky_bucket",
+                            rule.burst if rule.burst is not None else rule.limit, rule.name)
+            scaled = base if limit == base.limit else base.with_limit(limit)
+            if scaled is not base:
                 # the same storage identity: the same counters under a smaller limit, so
                 # a share change carries what was admitted (the stores key by rule._id)
-                object.__setattr__(scaled, "_id", rule._id)
+                object.__setattr__(scaled, "_id", base._id)
             if len(self._scaled) > 65_536:
                 self._scaled.clear()
             self._scaled[k] = scaled
@@ -265,7 +272,7 @@ class RegionalStore(Store):
                 return self._too_big(local)
         d = self.local.hit(key, local, cost)
         self._record(key, rule, cost, d.allowed)
-        return d
+        return d if d[2] >= 0 else d.replace(remaining=0)
 
     async def ahit(self, key: str, rule: Rule, cost: int = 1) -> Decision:
         local = self.local_rule(key, rule)
@@ -276,7 +283,7 @@ class RegionalStore(Store):
                 return self._too_big(local)
         d = await self.local.ahit(key, local, cost)
         self._record(key, rule, cost, d.allowed)
-        return d
+        return d if d[2] >= 0 else d.replace(remaining=0)
 
     def peek(self, key: str, rule: Rule, cost: int = 1) -> Decision:
         local = self.local_rule(key, rule)
@@ -284,7 +291,8 @@ class RegionalStore(Store):
             cost = check_cost(rule, cost)
             if cost > local.capacity:
                 return self._too_big(local)
-        return self.local.peek(key, local, cost)
+        d = self.local.peek(key, local, cost)
+        return d if d[2] >= 0 else d.replace(remaining=0)
 
     async def apeek(self, key: str, rule: Rule, cost: int = 1) -> Decision:
         local = self.local_rule(key, rule)
@@ -292,7 +300,8 @@ class RegionalStore(Store):
             cost = check_cost(rule, cost)
             if cost > local.capacity:
                 return self._too_big(local)
-        return await self.local.apeek(key, local, cost)
+        d = await self.local.apeek(key, local, cost)
+        return d if d[2] >= 0 else d.replace(remaining=0)
 
     def _locals(self, key: str, rules: Sequence[Rule], cost: int) -> list[Rule] | Decision:
         if type(key) is not str:
@@ -311,7 +320,7 @@ class RegionalStore(Store):
         d = scaled if isinstance(scaled, Decision) else self.local.hit_all(key, scaled, cost)
         for r in check_rules(rules, cost):
             self._record(key, r, cost, d.allowed)
-        return d
+        return d if d[2] >= 0 else d.replace(remaining=0)
 
     async def ahit_all(self, key: str, rules: Sequence[Rule], cost: int = 1) -> Decision:
         scaled = self._locals(key, rules, cost)
@@ -319,7 +328,7 @@ class RegionalStore(Store):
             key, scaled, cost)
         for r in check_rules(rules, cost):
             self._record(key, r, cost, d.allowed)
-        return d
+        return d if d[2] >= 0 else d.replace(remaining=0)
 
     def reserve(self, key: str, rule: Rule, cost: int = 1, *, max_wait: float | None = None,
                 book: bool = True) -> Reservation:
@@ -331,11 +340,16 @@ class RegionalStore(Store):
         return await self.local.areserve(key, self.local_rule(key, rule), cost,
                                          max_wait=max_wait, book=book)
 
+    def _stored(self, rule: Rule | Sequence[Rule]) -> list[Rule]:
+        """The rules whose counters the shares of ``rule`` use (their storage identity)."""
+        rules = [rule] if isinstance(rule, Rule) else list(rule)
+        return [self._scale(r, self.weights[self.region]) for r in rules]
+
     def reset(self, key: str, rule: Rule | Sequence[Rule]) -> None:
-        self.local.reset(key, rule)
+        self.local.reset(key, self._stored(rule))
 
     async def areset(self, key: str, rule: Rule | Sequence[Rule]) -> None:
-        await self.local.areset(key, rule)
+        await self.local.areset(key, self._stored(rule))
 
     def ping(self) -> bool:
         return self.local.ping()
@@ -393,8 +407,9 @@ class RegionalStore(Store):
             self._counts["syncs"] += 1
             self._last_duration = self.clock.monotonic() - start
 
-    def _report(self, now: float) -> tuple[bytes, dict[tuple[str, str], float],
-                                           dict[str, Rule]]:
+    def _collect(self, now: float) -> tuple[list[list[Any]], dict[tuple[str, str], float],
+                                            dict[str, Rule], float]:
+        """This interval's demand per key, in units of the key's limit per window."""
         last = self._last_sync
         interval = (now - last) if last is not None else (self.sync_interval or 1.0)
         interval = max(interval, 1e-3)
@@ -410,11 +425,12 @@ class RegionalStore(Store):
             own[(rid, key)] = d
             rules[rid] = rule
             items.append([rid, key, d, offered, admitted, denied])
-        self._seq += 1
-        payload = json.dumps({"v": 1, "region": self.region, "seq": self._seq,
-                              "interval": interval, "keys": items},
-                             separators=(",", ":")).encode()
-        return payload, own, rules
+        return items, own, rules, interval
+
+    def _encode(self, items: list[list[Any]], interval: float) -> bytes:
+        return json.dumps({"v": 1, "region": self.region, "seq": self._seq,
+                           "interval": interval, "acks": dict(self._peer_seq),
+                           "keys": items}, separators=(",", ":")).encode()
 
     def _publish(self, payload: bytes) -> None:
         ttl = 2 * self.lease
@@ -448,6 +464,7 @@ class RegionalStore(Store):
                 self._peer_seq[sender] = seq
                 self._heard[sender] = now
                 self._peer_demand[sender] = demand
+                self._acks[sender] = int(report.get("acks", {}).get(self.region, 0))
 
     def _fresh(self, now: float) -> set[str]:
         fresh = {self.region}
@@ -466,11 +483,15 @@ class RegionalStore(Store):
         return fresh
 
     def _sync(self, now: float) -> None:
-        payload, own, rules = self._report(now)
-        self._publish(payload)
+        # read, compute, then publish: the report carries the demand the new shares were
+        # computed from and the acknowledgements of the peers' reports read just now
+        items, own, rules, interval = self._collect(now)
+        self._seq += 1
         self._receive(now)
         fresh = self._fresh(now)
         isolated = len(fresh) == 1 and bool(self.peers)
+        # the newest report of ours every fresh peer has read (and released on)
+        acked = min((self._acks.get(p, 0) for p in fresh if p != self.region), default=0)
         keys: dict[tuple[str, str], None] = dict.fromkeys(self._table)
         keys.update(dict.fromkeys(own))
         for peer in fresh:
@@ -481,12 +502,15 @@ class RegionalStore(Store):
             for peer in fresh:
                 if peer != self.region:
                     demand[peer] = self._peer_demand.get(peer, {}).get(k, 0.0)
-            self._plan_key(k, demand, fresh, isolated, rules.get(k[0]), now)
+            self._plan_key(k, demand, fresh, isolated, acked, rules.get(k[0]), now)
+        self._publish(self._encode(items, interval))
 
     def _plan_key(self, k: tuple[str, str], demand: dict[str, float], fresh: set[str],
-                  isolated: bool, rule: Rule | None, now: float) -> None:
+                  isolated: bool, acked: int, rule: Rule | None, now: float) -> None:
         """Recompute one key's shares from ``demand`` (this region's and its fresh
-        peers') and set the share this region enforces."""
+        peers') and set the share this region enforces: a decrease at once, an increase
+        once every fresh peer has read the report that justifies it (release before
+        take), to at most what is computed then."""
         table = self._table
         weight = self.weights[self.region]
         entry = table.get(k)
@@ -502,20 +526,32 @@ class RegionalStore(Store):
             return  # nobody wants it and nothing is known: the static weights hold
         last = entry.shares if entry is not None else None
         old = entry.enforced if entry is not None else weight
+        take = entry.take if entry is not None else None
         if isolated:
             new = enforced_share(0.0, old, weight, True)
             shares = dict(last) if last is not None else dict(self.weights)
             shares[self.region] = computed = new
+            take = None
         else:
             shares = plan_shares(self.regions, demand, fresh, last, self.weights,
                                  self.min_share)
             computed = shares[self.region]
-            previous = entry.computed if entry is not None else weight
-            new = enforced_share(computed, previous, weight, False)
+            new = enforced_share(computed, old, weight, False)  # decreases at once
+            if take is not None and acked >= take[1]:
+                new = max(new, min(computed, take[0]))  # the peers released: take it
+                take = None
+            if computed > new + 1e-12:
+                # wait for the peers to read this sync's report (an older pending
+                # increase keeps its place, lowered if the target fell)
+                take = (computed, self._seq) if take is None else (min(take[0], computed),
+                                                                    take[1])
+            else:
+                take = None
         if entry is None:
             entry = table[k] = _Entry(shares, computed, new, active=active)
         else:
             entry.shares, entry.computed, entry.active = shares, computed, active
+        entry.take = take
         rule = rule or entry.rule
         if rule is not None:
             entry.rule = rule

@@ -16,7 +16,8 @@ REGIONS = ("us", "eu", "ap")
 
 class Regions:
     def __init__(self, stores: dict[str, RegionalStore], clock: FakeClock, rule: Rule,
-                 *, steps: int = 10, interval: float = 1.0) -> None:
+                 *, steps: int = 10, interval: float = 1.0, parallel: bool = False) -> None:
+        self.parallel = parallel
         self.stores = stores
         self.clock = clock
         self.rule = rule
@@ -47,7 +48,7 @@ class Regions:
                     self.offered[w][r] += 1
                     if store.hit(self.key, self.rule).allowed:
                         self.admitted[w][r] += 1
-        self.sync_all()
+        self.sync_all(self.parallel)
 
     def sync_all(self, parallel: bool = False) -> None:
         if not parallel:

@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -58,7 +59,7 @@ class _Entry:
     local: Rule | None = None
     active: float = 0.0  # monotonic time of the last demand anyone reported
     # an increase waiting for the peers to read the report that justifies it:
-    # (share, the sequence number of that report)
+    # (this region's demand in that report, the report's sequence number)
     take: tuple[float, int] | None = None
 
 
@@ -398,6 +399,7 @@ class RegionalStore(Store):
             return
         with self._sync_lock:
             start = self.clock.monotonic()
+            began = time.perf_counter()  # what the sync cost in real time, for stats()
             try:
                 self._sync(start)
             except Exception as exc:  # sync() never raises; the failure is counted
@@ -405,7 +407,7 @@ class RegionalStore(Store):
                              exc_info=True)
                 self._failed("", "sync", exc)
             self._counts["syncs"] += 1
-            self._last_duration = self.clock.monotonic() - start
+            self._last_duration = time.perf_counter() - began
 
     def _collect(self, now: float) -> tuple[list[list[Any]], dict[tuple[str, str], float],
                                             dict[str, Rule], float]:
@@ -537,14 +539,22 @@ class RegionalStore(Store):
                                  self.min_share)
             computed = shares[self.region]
             new = enforced_share(computed, old, weight, False)  # decreases at once
+            mine = demand[self.region]
             if take is not None and acked >= take[1]:
-                new = max(new, min(computed, take[0]))  # the peers released: take it
+                # the peers have read the report that carried `take[0]` and released on
+                # it: take the share that demand gives against their current reports
+                # (a share grows with demand, so it is min(computed, that share))
+                justified = computed
+                if mine > take[0]:
+                    justified = plan_shares(self.regions, {**demand, self.region: take[0]},
+                                            fresh, last, self.weights,
+                                            self.min_share)[self.region]
+                new = max(new, min(computed, justified))
                 take = None
             if computed > new + 1e-12:
                 # wait for the peers to read this sync's report (an older pending
-                # increase keeps its place, lowered if the target fell)
-                take = (computed, self._seq) if take is None else (min(take[0], computed),
-                                                                    take[1])
+                # increase keeps its place, with the smaller of the two demands)
+                take = (mine, self._seq) if take is None else (min(take[0], mine), take[1])
             else:
                 take = None
         if entry is None:

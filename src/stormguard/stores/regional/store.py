@@ -22,7 +22,7 @@ import math
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from stormguard._core import validate
@@ -58,9 +58,11 @@ class _Entry:
     rule: Rule | None = None
     local: Rule | None = None
     active: float = 0.0  # monotonic time of the last demand anyone reported
-    # an increase waiting for the peers to read the report that justifies it:
-    # (this region's demand in that report, the report's sequence number)
-    take: tuple[float, int] | None = None
+    # the claims this region published and no peer has acknowledged yet: (seq, claim),
+    # oldest first. A claim is the most this region may enforce (max of the enforced
+    # share and the one it wants): peers hold themselves to 1 - the others' claims
+    claims: list[tuple[int, float]] = field(default_factory=list)
+    claim: float = 0.0
 
 
 def _check_regions(stores: object) -> dict[str, Any]:
@@ -138,6 +140,7 @@ class RegionalStore(Store):
         self._peer_seq: dict[str, int] = {}
         self._peer_demand: dict[str, dict[tuple[str, str], float]] = {}
         self._acks: dict[str, int] = {}  # peer -> the last seq of ours it had read
+        self._peer_claim: dict[str, dict[tuple[str, str], float]] = {}
         self._lost: set[str] = set()
         self._seq = 0
         self._last_sync: float | None = None
@@ -409,30 +412,40 @@ class RegionalStore(Store):
             self._counts["syncs"] += 1
             self._last_duration = time.perf_counter() - began
 
-    def _collect(self, now: float) -> tuple[list[list[Any]], dict[tuple[str, str], float],
+    def _collect(self, now: float) -> tuple[dict[tuple[str, str], list[int]],
+                                            dict[tuple[str, str], float],
                                             dict[str, Rule], float]:
-        """This interval's demand per key, in units of the key's limit per window."""
+        """This interval's counts and demand per key (demand in units of the key's limit
+        per window)."""
         last = self._last_sync
         interval = (now - last) if last is not None else (self.sync_interval or 1.0)
         interval = max(interval, 1e-3)
         self._last_sync = now
         with self._lock:
             demand, self._demand = self._demand, {}
-        rows = sorted(demand.items(), key=lambda kv: kv[1][1], reverse=True)
+        counts: dict[tuple[str, str], list[int]] = {}
         own: dict[tuple[str, str], float] = {}
         rules: dict[str, Rule] = {}
-        items = []
-        for (rid, key), (rule, offered, admitted, denied) in rows:
-            d = offered / interval * rule.window / rule.limit
-            own[(rid, key)] = d
-            rules[rid] = rule
-            items.append([rid, key, d, offered, admitted, denied])
-        return items, own, rules, interval
+        for k, (rule, offered, admitted, denied) in demand.items():
+            own[k] = offered / interval * rule.window / rule.limit
+            counts[k] = [offered, admitted, denied]
+            rules[k[0]] = rule
+        return counts, own, rules, interval
 
-    def _encode(self, items: list[list[Any]], interval: float) -> bytes:
+    def _encode(self, counts: dict[tuple[str, str], list[int]],
+                own: dict[tuple[str, str], float], interval: float) -> bytes:
+        """The report: per key this region's demand, counts and claim (every key of the
+        share table: a key left out is claimed at the static weight)."""
+        rows = []
+        for k, entry in self._table.items():
+            rows.append([k[0], k[1], own.get(k, 0.0), *counts.get(k, (0, 0, 0)),
+                         entry.claim])
+        for k, d in own.items():
+            if k not in self._table:
+                rows.append([k[0], k[1], d, *counts[k], self.weights[self.region]])
         return json.dumps({"v": 1, "region": self.region, "seq": self._seq,
                            "interval": interval, "acks": dict(self._peer_seq),
-                           "keys": items}, separators=(",", ":")).encode()
+                           "keys": rows}, separators=(",", ":")).encode()
 
     def _publish(self, payload: bytes) -> None:
         ttl = 2 * self.lease
@@ -456,8 +469,13 @@ class RegionalStore(Store):
             try:
                 report = json.loads(raw)
                 seq = int(report["seq"])
-                demand = {(str(rid), str(key)): float(d)
-                          for rid, key, d, *_ in report["keys"]}
+                demand: dict[tuple[str, str], float] = {}
+                claims: dict[tuple[str, str], float] = {}
+                for row in report["keys"]:
+                    k = (str(row[0]), str(row[1]))
+                    demand[k] = float(row[2])
+                    if len(row) > 6:
+                        claims[k] = float(row[6])
             except Exception as exc:  # a malformed report is ignored, the peer looks silent
                 self._counts["decode_failures"] += 1
                 self._failed(sender, "decode", exc)
@@ -466,6 +484,7 @@ class RegionalStore(Store):
                 self._peer_seq[sender] = seq
                 self._heard[sender] = now
                 self._peer_demand[sender] = demand
+                self._peer_claim[sender] = claims
                 self._acks[sender] = int(report.get("acks", {}).get(self.region, 0))
 
     def _fresh(self, now: float) -> set[str]:
@@ -486,14 +505,15 @@ class RegionalStore(Store):
 
     def _sync(self, now: float) -> None:
         # read, compute, then publish: the report carries the demand the new shares were
-        # computed from and the acknowledgements of the peers' reports read just now
-        items, own, rules, interval = self._collect(now)
+        # computed from, the claims, and the acknowledgements of the peers' reports
+        counts, own, rules, interval = self._collect(now)
         self._seq += 1
         self._receive(now)
         fresh = self._fresh(now)
         isolated = len(fresh) == 1 and bool(self.peers)
-        # the newest report of ours every fresh peer has read (and released on)
-        acked = min((self._acks.get(p, 0) for p in fresh if p != self.region), default=0)
+        # the newest report of ours that every peer has read: a raise needs all of them
+        # (a stale peer acknowledges nothing, so nobody raises in a partition)
+        acked = min((self._acks.get(p, 0) for p in self.peers), default=self._seq)
         keys: dict[tuple[str, str], None] = dict.fromkeys(self._table)
         keys.update(dict.fromkeys(own))
         for peer in fresh:
@@ -505,14 +525,27 @@ class RegionalStore(Store):
                 if peer != self.region:
                     demand[peer] = self._peer_demand.get(peer, {}).get(k, 0.0)
             self._plan_key(k, demand, fresh, isolated, acked, rules.get(k[0]), now)
-        self._publish(self._encode(items, interval))
+        self._publish(self._encode(counts, own, interval))
+
+    def _claim_of(self, peer: str, k: tuple[str, str]) -> float:
+        """The most ``peer`` may enforce for ``k``: its last claim, else its weight (what
+        a region enforces for a key it has no share for)."""
+        claims = self._peer_claim.get(peer)
+        if claims is not None:
+            c = claims.get(k)
+            if c is not None:
+                return c
+        return self.weights[peer]
 
     def _plan_key(self, k: tuple[str, str], demand: dict[str, float], fresh: set[str],
                   isolated: bool, acked: int, rule: Rule | None, now: float) -> None:
-        """Recompute one key's shares from ``demand`` (this region's and its fresh
-        peers') and set the share this region enforces: a decrease at once, an increase
-        once every fresh peer has read the report that justifies it (release before
-        take), to at most what is computed then."""
+        """Recompute one key's shares and set the share this region enforces.
+
+        Invariant: this region enforces at most ``1 - the sum of the peers' claims``
+        (their last reported claims, their weights when none). A cut applies at once; a
+        raise only up to the claim of a report every peer has acknowledged (read, and so
+        held itself to), so the shares in force never sum to more than 1.
+        """
         table = self._table
         weight = self.weights[self.region]
         entry = table.get(k)
@@ -526,42 +559,49 @@ class RegionalStore(Store):
             active = entry.active
         else:
             return  # nobody wants it and nothing is known: the static weights hold
-        last = entry.shares if entry is not None else None
         old = entry.enforced if entry is not None else weight
-        take = entry.take if entry is not None else None
+        claims = entry.claims if entry is not None else []
+        others = {p: self._claim_of(p, k) for p in self.peers}
+        cap = max(0.0, 1.0 - sum(others.values()))
+        # stale peers keep (at most) what they last claimed; the fresh ones water-fill
+        last = dict(entry.shares) if entry is not None else dict(self.weights)
+        last.update(others)
         if isolated:
             new = enforced_share(0.0, old, weight, True)
-            shares = dict(last) if last is not None else dict(self.weights)
+            shares = last
             shares[self.region] = computed = new
-            take = None
+            claims = []
+        elif len(fresh) < len(self.regions):
+            # a peer is stale: nobody can raise (it acknowledges nothing), so keep the
+            # share (within the cap) and claim nothing more, which would only squeeze
+            # the peers when the link heals
+            shares = plan_shares(self.regions, demand, fresh, last, self.weights,
+                                 self.min_share)
+            computed = shares[self.region]
+            new = min(old, cap)
+            claims = []
         else:
             shares = plan_shares(self.regions, demand, fresh, last, self.weights,
                                  self.min_share)
             computed = shares[self.region]
-            new = enforced_share(computed, old, weight, False)  # decreases at once
-            mine = demand[self.region]
-            if take is not None and acked >= take[1]:
-                # the peers have read the report that carried `take[0]` and released on
-                # it: take the share that demand gives against their current reports
-                # (a share grows with demand, so it is min(computed, that share))
-                justified = computed
-                if mine > take[0]:
-                    justified = plan_shares(self.regions, {**demand, self.region: take[0]},
-                                            fresh, last, self.weights,
-                                            self.min_share)[self.region]
-                new = max(new, min(computed, justified))
-                take = None
+            new = min(enforced_share(computed, old, weight, False), cap)  # cuts at once
+            granted = [c for seq, c in claims if seq <= acked]
+            if granted:
+                new = max(new, min(computed, cap, granted[-1]))  # the peers held back
+            claims = [(seq, c) for seq, c in claims if seq > acked]
             if computed > new + 1e-12:
-                # wait for the peers to read this sync's report (an older pending
-                # increase keeps its place, with the smaller of the two demands)
-                take = (mine, self._seq) if take is None else (min(take[0], mine), take[1])
-            else:
-                take = None
+                claims.append((self._seq, computed))  # wanted: claim it in this report
         if entry is None:
             entry = table[k] = _Entry(shares, computed, new, active=active)
         else:
             entry.shares, entry.computed, entry.active = shares, computed, active
-        entry.take = take
+        entry.claims, entry.claim = claims, max([new, *(c for _, c in claims)])
+        self._install(k, entry, rule, old, new, wanted, now)
+
+    def _install(self, k: tuple[str, str], entry: _Entry, rule: Rule | None, old: float,
+                 new: float, wanted: bool, now: float) -> None:
+        """Put the share ``new`` in force for ``k`` (the rule checks use, the event)."""
+        weight = self.weights[self.region]
         rule = rule or entry.rule
         if rule is not None:
             entry.rule = rule
@@ -572,11 +612,12 @@ class RegionalStore(Store):
                                                    local.limit))
             entry.local = local
         entry.enforced = new
-        # a key idle for a lease whose share is back at the static weight is the same as
-        # a key never seen: forget it
+        # a key idle for a lease whose share and claim are back at the static weight is
+        # the same as a key never seen: forget it
         if not wanted and now - entry.active > self.lease and math.isclose(
-                new, weight, abs_tol=1e-9):
-            del table[k]
+                entry.claim, weight, abs_tol=1e-9) and math.isclose(new, weight,
+                                                                    abs_tol=1e-9):
+            del self._table[k]
 
     # -- introspection ------------------------------------------------------------------
     def shares(self, key: str, rule: Rule) -> dict[str, float]:

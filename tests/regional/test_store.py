@@ -95,6 +95,7 @@ def test_checks_touch_only_the_local_store_and_the_first_check_waits_on_nobody(
     world = World(clock)
     us = world.stores["us"]
     limiter = RateLimiter(us)
+    world.calls.clear()  # construction read this region's own board (its last report)
     d = limiter.hit("new-key", RULE)
     assert d.allowed
     assert d.limit == 333  # a key nobody reported: the static weight (1/3)
@@ -280,12 +281,12 @@ def test_sync_never_raises_and_counts_failures(clock: FakeClock) -> None:
     s.sync()
     st = s.stats()
     assert st["syncs"] == 1
-    assert st["publish_failures"] == 2
+    assert st["publish_failures"] == 2  # to the two peers
     assert st["decode_failures"] == 1
-    assert st["sync_failures"] == 3
+    assert st["sync_failures"] == 4  # and this region's own copy of its report
     assert st["peers"]["eu"]["fresh"] is False
     failed = [e for e in seen if isinstance(e, SyncFailed)]
-    assert sorted(e.operation for e in failed) == ["decode", "publish", "publish"]
+    assert sorted(e.operation for e in failed) == ["decode", "publish", "publish", "publish"]
     assert s.hit("k", RULE).allowed  # checks go on
 
 
@@ -426,3 +427,31 @@ def test_the_shares_in_force_never_sum_to_more_than_one(data: st.DataObject) -> 
             stores[r].sync()
             total = sum(stores[x].shares("k", rule)[x] for x in REGIONS)
             assert total <= 1 + 1e-9, {x: stores[x].shares("k", rule)[x] for x in REGIONS}
+
+
+def test_a_restarted_region_enforces_the_claims_it_had_published(clock: FakeClock) -> None:
+    """Its peers hold themselves to its last claims; restarting at the weights instead
+    would take up to a weight more than that until they hear from it."""
+    world = World(clock)
+    regions = Regions(world.stores, clock, RULE)
+    for _ in range(4):
+        regions.run_interval({"us": 200, "eu": 200, "ap": 1600})
+    before = world.stores["us"].shares(regions.key, RULE)["us"]
+    assert before == pytest.approx(0.2)
+    world.stores["us"].close()
+    # the same stores and boards, a new process
+    world.stores["us"] = RegionalStore(region="us", stores=world.locals, clock=clock,
+                                       sync_interval=None, lease=3.0,
+                                       boards={b: world.links[("us", b)] for b in REGIONS})
+    us = world.stores["us"]
+    assert us.local_rule(regions.key, RULE).limit == 200
+    total = sum(world.stores[r].shares(regions.key, RULE)[r] for r in REGIONS)
+    assert total <= 1 + 1e-9
+    regions.stores = world.stores
+    for _ in range(3):
+        regions.run_interval({"us": 200, "eu": 200, "ap": 1600})
+    assert abs(regions.total(regions.windows()[-1]) - 1000) <= 50
+    # nothing to restore (a store that lost it): the weights, and the sync still works
+    fresh = RegionalStore(region="us", stores={r: MemoryStore(clock=clock) for r in REGIONS},
+                          clock=clock, sync_interval=None)
+    assert fresh.local_rule("k", RULE).limit == 333

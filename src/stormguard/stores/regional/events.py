@@ -40,7 +40,8 @@ class PeerRecovered(Event):
 @dataclass(frozen=True, slots=True)
 class SyncFailed(Event):
     """A sync step failed: ``operation`` is "publish" (to ``peer``'s store), "read" (this
-    region's own board) or "decode" (a report from ``peer`` that does not parse)."""
+    region's own board), "decode" (a report from ``peer`` that does not parse) or
+    "restore" (this region's own last report, read at construction)."""
 
     peer: str
     operation: str

@@ -151,11 +151,16 @@ class RegionalStore(Store):
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         if split == "demand":
-            self._open_boards(regions, own, boards)
-            if sync_interval is not None:
-                self._thread = threading.Thread(target=self._run, daemon=True,
-                                                name=f"stormguard-regional-{region}")
-                self._thread.start()
+            self._start(regions, own, boards)
+
+    def _start(self, regions: Mapping[str, str | Store], own: Store,
+               boards: Mapping[str, Board] | None) -> None:
+        self._open_boards(regions, own, boards)
+        self._restore()
+        if self.sync_interval is not None:
+            self._thread = threading.Thread(target=self._run, daemon=True,
+                                            name=f"stormguard-regional-{self.region}")
+            self._thread.start()
 
     def _open_boards(self, regions: Mapping[str, str | Store], own: Store,
                      boards: Mapping[str, Board] | None) -> None:
@@ -447,8 +452,35 @@ class RegionalStore(Store):
                            "interval": interval, "acks": dict(self._peer_seq),
                            "keys": rows}, separators=(",", ":")).encode()
 
+    def _restore(self) -> None:
+        """Start from this region's own last report, kept in its own board (an in-region
+        read, once, at construction): a region that restarts enforces the claims it had
+        published, which its peers still hold themselves to, rather than its weights.
+        Nothing found, or the store unreachable: the weights (never raises)."""
+        try:
+            raw = self._boards[self.region].read().get(self.region)
+            if raw is None:
+                return
+            report = json.loads(raw)
+            seq = int(report["seq"])
+            now = self.clock.monotonic()
+            for row in report["keys"]:
+                claim = float(row[6]) if len(row) > 6 else self.weights[self.region]
+                shares = dict(self.weights)
+                shares[self.region] = claim
+                self._table[(str(row[0]), str(row[1]))] = _Entry(
+                    shares, claim, claim, active=now, claim=claim)
+            self._seq = seq
+        except Exception as exc:  # a restart without its last report starts from weights
+            self._table.clear()
+            self._failed(self.region, "restore", exc)
+
     def _publish(self, payload: bytes) -> None:
         ttl = 2 * self.lease
+        try:  # this region's own copy, for a restart (in-region)
+            self._boards[self.region].write(self.region, payload, ttl)
+        except Exception as exc:  # counted, never raised
+            self._failed(self.region, "publish", exc)
         for peer in self.peers:
             try:
                 self._boards[peer].write(self.region, payload, ttl)

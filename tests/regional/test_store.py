@@ -9,12 +9,22 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stormguard import ConfigError, MemoryStore, RateLimiter, RegionalStore, Rule, StorageError
+from stormguard import (
+    ConfigError,
+    Decision,
+    MemoryStore,
+    RateLimiter,
+    RegionalStore,
+    Rule,
+    StorageError,
+    Store,
+)
 from stormguard.observability.events import Event
 from stormguard.stores.regional import (
     Board,
@@ -455,3 +465,31 @@ def test_a_restarted_region_enforces_the_claims_it_had_published(clock: FakeCloc
     fresh = RegionalStore(region="us", stores={r: MemoryStore(clock=clock) for r in REGIONS},
                           clock=clock, sync_interval=None)
     assert fresh.local_rule("k", RULE).limit == 333
+
+
+def test_a_board_is_found_beside_a_wrapped_backend(clock: FakeClock) -> None:
+    """A store over a store (``.backend``, as a HybridStore has) puts its board beside
+    its backend: two such wrappers of one MemoryStore meet at the same board."""
+    from stormguard.stores.regional.board import board_for
+
+    class Wrapper(Store):
+        def __init__(self, backend: MemoryStore) -> None:
+            self.backend = backend
+            self.clock = clock
+
+        def hit(self, key: str, rule: Rule, cost: int = 1) -> Decision:
+            return self.backend.hit(key, rule, cost)
+
+        def peek(self, key: str, rule: Rule, cost: int = 1) -> Decision:
+            return self.backend.peek(key, rule, cost)
+
+        def hit_all(self, key: str, rules: Sequence[Rule], cost: int = 1) -> Decision:
+            return self.backend.hit_all(key, rules, cost)
+
+        def reset(self, key: str, rule: Rule | Sequence[Rule]) -> None:
+            self.backend.reset(key, rule)
+
+    inner = MemoryStore(clock=clock)
+    a = board_for(Wrapper(inner), group="g", timeout=0.5)
+    b = board_for(inner, group="g", timeout=0.5)
+    assert a is b

@@ -142,6 +142,10 @@ def board_for(target: str | Store, *, group: str, timeout: float,
             if board is None:
                 board = _MEMORY_BOARDS[target] = MemoryBoard(target.clock)
         return board
+    inner = getattr(target, "backend", None)
+    if isinstance(inner, Store) and inner is not target:
+        # a store over a store (a HybridStore over Redis): the board beside its backend
+        return board_for(inner, group=group, timeout=timeout, clock=clock)
     url = getattr(target, "url", None)
     if isinstance(url, str):
         options = dict(getattr(target, "client_options", None) or {})

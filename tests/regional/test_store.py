@@ -493,3 +493,40 @@ def test_a_board_is_found_beside_a_wrapped_backend(clock: FakeClock) -> None:
     a = board_for(Wrapper(inner), group="g", timeout=0.5)
     b = board_for(inner, group="g", timeout=0.5)
     assert a is b
+
+
+def test_demand_counted_exactly_under_threads(clock: FakeClock) -> None:
+    """Four real threads check one key at once: the report the sync publishes counts
+    every check (offered = admitted + denied = all of them)."""
+    import json
+
+    world = World(clock)
+    us = world.stores["us"]
+    rule = Rule(3000, 1, algorithm="fixed_window")
+    barrier = threading.Barrier(4)
+
+    def worker() -> None:
+        barrier.wait()
+        for _ in range(2000):
+            us.hit("k", rule)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    us.sync()
+    report = json.loads(world.inbox["eu"].read()["us"])
+    (row,) = [r for r in report["keys"] if r[1] == "k"]
+    offered, admitted, denied = row[3:6]
+    assert offered == 8000
+    assert admitted == 1000  # its third of 3000 (nobody reported yet: the weight)
+    assert denied == 7000
+
+
+def test_a_rule_that_is_not_a_rule_is_named(clock: FakeClock) -> None:
+    world = World(clock)
+    with pytest.raises(ConfigError, match="rule"):
+        world.stores["us"].hit("k", "100/second")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="key"):
+        world.stores["us"].hit(42, RULE)  # type: ignore[arg-type]

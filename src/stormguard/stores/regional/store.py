@@ -227,18 +227,22 @@ class RegionalStore(Store):
         return scaled
 
     def _local_rule(self, key: str, rule: Rule) -> Rule:
-        entry = self._table.get((rule._id, key))
+        try:
+            rid = rule._id
+        except AttributeError:
+            raise ConfigError("rule", rule, "must be a stormguard.Rule") from None
+        entry = self._table.get((rid, key))
         if entry is not None:
             local = entry.local
             if local is None:
                 entry.rule = rule
                 local = entry.local = self._scale(rule, entry.enforced)
             return local
-        static = self._static.get(rule._id)
+        static = self._static.get(rid)
         if static is None:
             if not isinstance(rule, Rule):
                 raise ConfigError("rule", rule, "must be a stormguard.Rule")
-            static = self._static[rule._id] = self._scale(rule, self.weights[self.region])
+            static = self._static[rid] = self._scale(rule, self.weights[self.region])
         return static
 
     def local_rule(self, key: str, rule: Rule) -> Rule:

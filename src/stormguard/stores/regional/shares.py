@@ -92,11 +92,10 @@ def enforced_share(computed: float, previous: float | None, weight: float,
     * ``isolated`` (it heard from no peer within the lease): the smaller of its last
       share and its static weight, so the isolated regions together never exceed the
       weights, which sum to 1.
-    * otherwise *release before take*: a decrease applies at once, an increase one sync
-      later (``min(computed, previous)``, ``previous`` being the share computed at the
-      previous sync, the static weight for a key seen for the first time), so the
-      region takes a larger share only after its peers have had a sync to read the
-      report that gives it and to release their part.
+    * otherwise a decrease applies at once and an increase waits:
+      ``min(computed, previous)``, ``previous`` being the share in force (the static
+      weight for a key seen for the first time). The store raises later, to a claim its
+      peers have acknowledged.
     """
     if isolated:
         return min(previous if previous is not None else weight, weight)

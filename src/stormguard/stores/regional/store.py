@@ -8,10 +8,16 @@ the shares by water-filling from the latest reports (:mod:`.shares`). A scaled r
 copy of the rule with the same storage identity (the same counters), so moving a share
 in the middle of a window carries what the region already admitted.
 
+Every report also carries the sender's *claims* (the most it may enforce per key) and
+acknowledges the peers' reports it read. A region holds itself to ``1 - its peers'
+claims`` and raises only to a claim every peer has acknowledged, so the shares in force
+never sum to more than 1.
+
 Failure behaviour: a check never waits on a peer; ``sync()`` never raises (failures are
-counted in :meth:`RegionalStore.stats` and reported as :class:`.SyncFailed` events); a
-peer silent for longer than ``lease`` keeps the share last computed for it; a region
-that hears from nobody enforces the smaller of its last share and its static weight.
+counted in :meth:`RegionalStore.stats` and reported as :class:`.SyncFailed` events);
+while a peer is silent nobody raises, and a peer silent for longer than ``lease``
+counts at its last claim; a region that hears from nobody enforces the smaller of its
+last share and its static weight.
 """
 
 from __future__ import annotations
@@ -93,6 +99,9 @@ class RegionalStore(Store):
       of the writes to peer regions (sized for cross-region links).
     * ``boards``: where each region's reports are left (default: derived from
       ``stores``: a Redis hash beside the counters, or in memory for a MemoryStore).
+    * ``store_options``: options for building this region's store from its URL (with
+      ``clock``); ``max_keys``: keys tracked per sync (beyond: the static weight);
+      ``group``: separates sets of regions sharing servers; ``listeners``: events.
     """
 
     def __init__(self, *, region: str, stores: Mapping[str, str | Store],

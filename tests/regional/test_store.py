@@ -530,3 +530,12 @@ def test_a_rule_that_is_not_a_rule_is_named(clock: FakeClock) -> None:
         world.stores["us"].hit("k", "100/second")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="key"):
         world.stores["us"].hit(42, RULE)  # type: ignore[arg-type]
+
+
+def test_one_region_alone_enforces_the_whole_limit(clock: FakeClock) -> None:
+    only = RegionalStore(region="us", stores={"us": MemoryStore(clock=clock)}, clock=clock,
+                         sync_interval=None)
+    assert sum(only.hit("k", RULE).allowed for _ in range(1200)) == 1000
+    only.sync()
+    assert only.shares("k", RULE) == {"us": 1.0}
+    assert only.state() == "connected"

@@ -254,3 +254,24 @@ def test_reports_land_in_each_peer_hash(net: Net, clock: FakeClock) -> None:
             b"us"}
     finally:
         close_all(stores)
+
+
+def test_asyncio_checks_use_the_share_on_the_local_server(net: Net) -> None:
+    import asyncio
+
+    net.flush()
+    stores = {r: RegionalStore(region=r, stores=net.view(r), sync_interval=None)
+              for r in REGIONS}
+    try:
+        rule = Rule(90, 60, algorithm="fixed_window")
+
+        async def flow() -> list[bool]:
+            try:
+                return [(await stores["us"].ahit("k", rule)).allowed for _ in range(40)]
+            finally:
+                await stores["us"].aclose()  # the loop's connections, on this loop
+
+        assert sum(asyncio.run(flow())) == 30  # a third of 90, on us's own server
+        assert net.servers["eu"].client().dbsize() == 0
+    finally:
+        close_all(stores)

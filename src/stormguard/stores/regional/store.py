@@ -252,8 +252,14 @@ class RegionalStore(Store):
         if entry is not None:
             local = entry.local
             if local is None:
+                # the first check of a key known only from the peers: build its rule. The
+                # sync sets `enforced` before `local`; checking the share again after
+                # the write keeps a concurrent sync's new share from being overwritten
                 entry.rule = rule
-                local = entry.local = self._scale(rule, entry.enforced)
+                share = entry.enforced
+                local = entry.local = self._scale(rule, share)
+                if entry.enforced != share:
+                    local = entry.local = self._scale(rule, entry.enforced)
             return local
         static = self._static.get(rid)
         if static is None:
@@ -700,6 +706,7 @@ class RegionalStore(Store):
                  new: float, wanted: bool, now: float) -> None:
         """Put the share ``new`` in force for ``k`` (the rule checks use, the event)."""
         weight = self.weights[self.region]
+        entry.enforced = new  # before `local`: see _local_rule
         rule = rule or entry.rule
         if rule is not None:
             entry.rule = rule
@@ -709,7 +716,6 @@ class RegionalStore(Store):
                 emit(self._listeners, ShareChanged(self._policy, now, k[1], k[0], old, new,
                                                    local.limit))
             entry.local = local
-        entry.enforced = new
         # a key idle for a lease whose share and claim are back at the static weight is
         # the same as a key never seen: forget it
         if not wanted and now - entry.active > self.lease and math.isclose(

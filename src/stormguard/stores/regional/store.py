@@ -655,7 +655,11 @@ class RegionalStore(Store):
             return  # nobody wants it and nothing is known: the static weights hold
         old = entry.enforced if entry is not None else weight
         claims = entry.claims if entry is not None else []
-        others = {p: self._claim_of(p, k) for p in self.peers}
+        others = {}
+        for p in self.peers:  # _claim_of, inlined (once per key and peer, every sync)
+            pc = self._peer_claim.get(p)
+            c = pc.get(k) if pc is not None else None
+            others[p] = c if c is not None else self.weights[p]
         cap = max(0.0, 1.0 - sum(others.values()))
         # stale peers keep (at most) what they last claimed; the fresh ones water-fill
         last = entry.shares if entry is not None else self.weights

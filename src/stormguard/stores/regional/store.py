@@ -622,6 +622,17 @@ class RegionalStore(Store):
                 return c
         return self.weights[peer]
 
+    def _claims_for(self, k: tuple[str, str]) -> dict[str, float]:
+        """Every peer's claim for ``k`` (:meth:`_claim_of` for all of them, in one call:
+        this runs once per key and sync)."""
+        weights = self.weights
+        out = {}
+        for p in self.peers:
+            pc = self._peer_claim.get(p)
+            c = pc.get(k) if pc is not None else None
+            out[p] = c if c is not None else weights[p]
+        return out
+
     def _held_of(self, peer: str, k: tuple[str, str], claim: float) -> float:
         """What ``peer`` enforces for ``k`` as it last reported (its claim when unknown)."""
         held = self._peer_held.get(peer)
@@ -655,11 +666,7 @@ class RegionalStore(Store):
             return  # nobody wants it and nothing is known: the static weights hold
         old = entry.enforced if entry is not None else weight
         claims = entry.claims if entry is not None else []
-        others = {}
-        for p in self.peers:  # _claim_of, inlined (once per key and peer, every sync)
-            pc = self._peer_claim.get(p)
-            c = pc.get(k) if pc is not None else None
-            others[p] = c if c is not None else self.weights[p]
+        others = self._claims_for(k)
         cap = max(0.0, 1.0 - sum(others.values()))
         # stale peers keep (at most) what they last claimed; the fresh ones water-fill
         last = entry.shares if entry is not None else self.weights

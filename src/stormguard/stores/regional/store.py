@@ -300,14 +300,32 @@ class RegionalStore(Store):
 
     # -- the Store contract: only the local store is touched -----------------------------
     def hit(self, key: str, rule: Rule, cost: int = 1) -> Decision:
-        local = self.local_rule(key, rule)
+        # the hot path: local_rule and _record inlined for the common case (a key with
+        # its share built, cost 1)
+        if type(key) is not str:
+            raise key_error(key)
+        try:
+            k = (rule._id, key)
+        except AttributeError:
+            raise ConfigError("rule", rule, "must be a stormguard.Rule") from None
+        entry = self._table.get(k)
+        local = entry.local if entry is not None else None
+        if local is None:
+            local = self._local_rule(key, rule)
         if cost != 1 or type(cost) is not int:
             cost = check_cost(rule, cost)
             if cost > local.capacity:
                 self._record(key, rule, cost, False)
                 return self._too_big(local)
         d = self.local.hit(key, local, cost)
-        self._record(key, rule, cost, d.allowed)
+        if self.split == "demand":
+            with self._lock:
+                row = self._demand.get(k)
+                if row is not None:
+                    row[1] += cost
+                    row[2 if d[0] else 3] += cost
+                    return d if d[2] >= 0 else d.replace(remaining=0)
+            self._record(key, rule, cost, d[0])
         return d if d[2] >= 0 else d.replace(remaining=0)
 
     async def ahit(self, key: str, rule: Rule, cost: int = 1) -> Decision:

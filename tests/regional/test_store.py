@@ -544,3 +544,23 @@ def test_one_region_alone_enforces_the_whole_limit(clock: FakeClock) -> None:
     only.sync()
     assert only.shares("k", RULE) == {"us": 1.0}
     assert only.state() == "connected"
+
+
+def test_a_restart_that_lost_its_report_takes_no_old_acknowledgement(
+        clock: FakeClock) -> None:
+    """The peers acknowledged the reports of the old instance (seq up to n); the new one
+    numbers its reports from 1 again: those acknowledgements must not grant its claims."""
+    world = World(clock)
+    regions = Regions(world.stores, clock, RULE)
+    for _ in range(6):
+        regions.run_interval({"us": 200, "eu": 200, "ap": 1600})
+    world.stores["us"].close()
+    world.inbox["us"]._data.pop("us")  # its own copy is lost
+    world.stores["us"] = RegionalStore(region="us", stores=world.locals, clock=clock,
+                                       sync_interval=None, lease=3.0,
+                                       boards={b: world.links[("us", b)] for b in REGIONS})
+    regions.stores = world.stores
+    for _ in range(5):
+        regions.run_interval({"us": 1600, "eu": 200, "ap": 1600})
+        total = sum(world.stores[r].shares(regions.key, RULE)[r] for r in REGIONS)
+        assert total <= 1 + 1e-9

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import secrets
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -147,7 +148,7 @@ class RegionalStore(Store):
         self._static: dict[str, Rule] = {}
         self._boards: dict[str, Board] = {}
         self._heard: dict[str, float] = {}
-        self._peer_seq: dict[str, int] = {}
+        self._peer_seq: dict[str, tuple[str, int]] = {}  # peer -> (its epoch, its seq)
         self._peer_demand: dict[str, dict[tuple[str, str], float]] = {}
         self._acks: dict[str, int] = {}  # peer -> the last seq of ours it had read
         self._peer_claim: dict[str, dict[tuple[str, str], float]] = {}
@@ -168,6 +169,9 @@ class RegionalStore(Store):
 
     def _start(self, regions: Mapping[str, str | Store], own: Store,
                boards: Mapping[str, Board] | None) -> None:
+        # this instance's reports: acknowledgements name it, so a restart that lost its
+        # last report never takes the acknowledgements of the reports before it
+        self._epoch = secrets.token_hex(8)
         self._open_boards(regions, own, boards)
         if len(self.peers) > 1 and not all(isinstance(self._boards[p], MemoryBoard)
                                            for p in self.peers):
@@ -507,7 +511,8 @@ class RegionalStore(Store):
             if k not in self._table:
                 rows.append([k[0], k[1], d, *counts[k], w, w])
         return json.dumps({"v": 1, "region": self.region, "seq": self._seq,
-                           "interval": interval, "acks": dict(self._peer_seq),
+                           "epoch": self._epoch, "interval": interval,
+                           "acks": {p: list(es) for p, es in self._peer_seq.items()},
                            "keys": rows}, separators=(",", ":")).encode()
 
     def _restore(self) -> None:
@@ -529,6 +534,7 @@ class RegionalStore(Store):
                 self._table[(str(row[0]), str(row[1]))] = _Entry(
                     shares, claim, claim, active=now, claim=claim)
             self._seq = seq
+            self._epoch = str(report.get("epoch", self._epoch))
         except Exception as exc:  # a restart without its last report starts from weights
             self._table.clear()
             self._failed(self.region, "restore", exc)
@@ -582,13 +588,16 @@ class RegionalStore(Store):
                 self._counts["decode_failures"] += 1
                 self._failed(sender, "decode", exc)
                 continue
-            if seq != self._peer_seq.get(sender):
-                self._peer_seq[sender] = seq
+            mark = (str(report.get("epoch", "")), seq)
+            if mark != self._peer_seq.get(sender):
+                self._peer_seq[sender] = mark
                 self._heard[sender] = now
                 self._peer_demand[sender] = demand
                 self._peer_claim[sender] = claims
                 self._peer_held[sender] = held
-                self._acks[sender] = int(report.get("acks", {}).get(self.region, 0))
+                ack = report.get("acks", {}).get(self.region)
+                self._acks[sender] = (int(ack[1]) if isinstance(ack, list) and len(ack) == 2
+                                      and ack[0] == self._epoch else 0)
 
     def _fresh(self, now: float) -> set[str]:
         fresh = {self.region}

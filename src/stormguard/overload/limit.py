@@ -15,10 +15,10 @@ The rule, per window of samples (at least ``min_samples`` and ``window`` seconds
   most in flight reached half of it): the limit grows by ``sqrt(limit)``;
 * otherwise it holds.
 
-The baseline is the smallest latency seen for the key; a sample of a request that ran
-alone (``in_flight <= 1``) is a no-load measurement by definition and moves it 10 %
-toward itself, upward too, so a service that really became slower is re-learnt
-without a probe (Envoy's periodic minRTT probe, which drops concurrency to measure,
+The baseline is the smallest latency seen for the key; a window in which every request
+ran alone (``in_flight <= 1``) is a no-load measurement by definition and moves it 10 %
+toward that window's fastest request, upward too, so a service that really became
+slower is re-learnt (within a few dozen windows at the floor) without a probe (Envoy's periodic minRTT probe, which drops concurrency to measure,
 is what causes its bursts of 503s). Because the baseline is a *minimum*, never an
 average of loaded samples, sustained queueing keeps the ratio high: the limit cannot
 creep upward under moderate overload, which is the known flaw of Gradient2, whose
@@ -65,7 +65,7 @@ class FixedLimit:
 class AdaptiveLimit:
     """A concurrency limit that follows measured latency, within ``[min, max]``."""
 
-    __slots__ = ("_baseline", "_limit", "_max_in_flight", "_n", "_since", "_sum", "initial",
+    __slots__ = ("_alone", "_baseline", "_limit", "_max_in_flight", "_n", "_since", "_sum", "initial",
                  "max", "min", "min_samples", "owner", "tolerance", "window")
 
     adaptive = True
@@ -86,6 +86,7 @@ class AdaptiveLimit:
         """The shedder this limit belongs to (one limit, one owner: it is not locked)."""
         self._limit = float(initial)
         self._baseline: dict[str, float] = {}
+        self._alone: dict[str, float] = {}  # per key, this window's fastest request alone
         self._since: float | None = None
         self._n = 0
         self._sum = 0.0
@@ -116,8 +117,11 @@ class AdaptiveLimit:
                 base[key] = b = rtt
         if rtt < b:
             base[key] = b = rtt
-        elif in_flight <= 1:  # ran alone: a no-load measurement, follow it slowly
-            base[key] = b = b + 0.1 * (rtt - b)
+        if in_flight <= 1:  # ran alone: a no-load measurement
+            alone = self._alone
+            seen = alone.get(key)
+            if seen is None or rtt < seen:
+                alone[key] = rtt
         ratio = rtt / b
         self._sum += ratio if ratio < _RATIO_CAP else _RATIO_CAP
         self._n += 1
@@ -132,6 +136,13 @@ class AdaptiveLimit:
 
     def _update(self, now: float) -> float:
         mean = self._sum / self._n
+        if self._max_in_flight <= 1:  # a whole window of requests alone: follow them, 10 %
+            base = self._baseline
+            for key, rtt in self._alone.items():
+                b = base[key]
+                if rtt > b:
+                    base[key] = b + 0.1 * (rtt - b)
+        self._alone.clear()
         limit = self._limit
         tol = self.tolerance
         if mean > tol:

@@ -83,7 +83,8 @@ def test_finds_the_capacity_of_a_server_and_stays_there() -> None:
         now = drive(limit, server(capacity=16), windows=1, now=now)
         seen.append(limit.limit)
     tail = seen[50:]
-    assert 8 <= min(tail) and max(tail) <= 16 * 1.5, tail
+    assert min(tail) >= 8, tail
+    assert max(tail) <= 16 * 1.5, tail
 
 
 def test_per_key_baselines_tell_a_slow_route_from_a_queue() -> None:
@@ -114,7 +115,8 @@ def test_a_service_that_really_became_slower_is_relearnt_without_a_probe() -> No
 
 @settings(max_examples=200, deadline=None)
 @given(initial=st.integers(1, 50), lo=st.integers(1, 10), hi=st.integers(50, 300),
-       samples=st.lists(st.tuples(st.one_of(st.floats(0, 10), st.just(math.nan), st.just(math.inf)), st.floats(0, 0.5),
+       samples=st.lists(st.tuples(st.one_of(st.floats(0, 10), st.just(math.nan),
+                                            st.just(math.inf)), st.floats(0, 0.5),
                                   st.integers(0, 400), st.sampled_from(["", "/a", "/b"])),
                         max_size=400))
 def test_always_within_min_and_max(initial: int, lo: int, hi: int,

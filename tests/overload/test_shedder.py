@@ -132,14 +132,15 @@ def test_freed_slots_go_to_the_most_important_waiter_its_cap_allowing() -> None:
 
 def test_a_standing_queue_sheds_arrivals_at_once_and_serves_newest_first() -> None:
     """CoDel: waiters stood more than 5 ms for a whole 100 ms: degraded and sheddable
-    arrivals are shed on arrival (critical ones still wait), waiters are served LIFO;
-    once the queue empties, normal service resumes."""
+    arrivals are shed on arrival (critical ones still wait), degraded and sheddable
+    waiters are served newest first, critical ones first and in order; once the queue
+    has stayed short for 100 ms, normal service resumes."""
     clock = FakeClock()
     events: list[Event] = []
     s = Shedder(1, queue_timeout=10.0, clock=clock, listeners=[events.append])
     served: list[int] = []
 
-    async def waiter(i: int, tier: int = CRITICAL) -> None:
+    async def waiter(i: int, tier: int) -> None:
         got = await s.acquire_async(tier)
         if isinstance(got, Ticket):
             served.append(i)
@@ -149,32 +150,34 @@ def test_a_standing_queue_sheds_arrivals_at_once_and_serves_newest_first() -> No
     async def main() -> None:
         held = s.try_acquire(CRITICAL)
         assert isinstance(held, Ticket)
-        tasks = [asyncio.create_task(waiter(i)) for i in range(30)]
+        tasks = [asyncio.create_task(waiter(i, DEGRADED)) for i in range(30)]
         await asyncio.sleep(0.001)
         s.release(held)
         await asyncio.sleep(0.150)  # the queue has stood > 5 ms for more than 100 ms
         assert s.overloaded()
-        shed = await s.acquire_async(DEGRADED)
+        shed = await s.acquire_async(SHEDDABLE)
         assert isinstance(shed, Shed)
         assert shed.reason == "codel"
-        late = [asyncio.create_task(waiter(100 + i)) for i in range(3)]
+        late = [asyncio.create_task(waiter(100 + i, CRITICAL)) for i in range(3)]
         await asyncio.gather(*tasks, *late)
-        # first in, first out until the queue had stood for 100 ms, then newest first: the
-        # three late arrivals before every older waiter left
+        # first in, first out until the queue had stood for 100 ms, then newest first for
+        # degraded waiters; the late critical ones go before all of them, in order
         old = [i for i in served if i < 100]
         k = next(i for i in range(len(old) - 1) if old[i + 1] < old[i]) + 1
         assert 10 <= k <= 13, old
         assert old == sorted(old[:k]) + sorted(old[k:], reverse=True)
-        at = served.index(102)
-        assert served[at:at + 3] == [102, 101, 100]
+        at = served.index(100)
+        assert served[at:at + 3] == [100, 101, 102]
         assert all(i < 100 for i in served[:at])
-        assert not s.overloaded()  # the queue emptied
+        assert s.overloaded()  # the queue just emptied: short for less than 100 ms
+        await asyncio.sleep(0.101)
+        assert not s.overloaded()
         got = await s.acquire_async(SHEDDABLE)
         assert isinstance(got, Ticket)
 
     clock.run(main())
     shed_events = [e for e in events if isinstance(e, RequestShed)]
-    assert [(e.tier, e.reason) for e in shed_events] == [("degraded", "codel")]
+    assert [(e.tier, e.reason) for e in shed_events] == [("sheddable", "codel")]
     assert s.stats()["shed_codel"] == 1
 
 

@@ -10,10 +10,11 @@ whose cap allows it), so an arrival never overtakes an eligible waiter.
 
 **CoDel** (Facebook's variant for servers): when the waiting requests have stood in the
 queue longer than ``codel_target`` (5 ms) for a whole ``codel_interval`` (100 ms), the
-queue is standing, not absorbing a burst: from then on, until the queue empties, new
-degraded and sheddable arrivals that find no slot are shed at once instead of queued,
-and waiters are served newest first (adaptive LIFO: the oldest ones are the likeliest to
-be abandoned by their clients already).
+queue is standing, not absorbing a burst: from then on, until the queue has stayed short
+(empty, or waits below the target) for a whole interval, new degraded and sheddable
+arrivals are shed at once, free slot or not (they would take the CPU the waiting
+critical requests need), and waiters are served newest first (adaptive LIFO: the oldest
+ones are the likeliest to be abandoned by their clients already).
 
 The shedder is thread-safe (one lock, never held across a wait) and serves threads and
 asyncio tasks alike; waits are measured on its clock (virtual on
@@ -116,7 +117,10 @@ class Shedder:
         self._tier_in_flight = [0, 0, 0]
         self._queues: tuple[deque[_Waiter], ...] = (deque(), deque(), deque())
         self._waiting = 0
-        self._above_since: float | None = None  # CoDel: sojourns above target since then
+        self._above_since: float | None = None  # CoDel: waiters above target since then
+        self._below_since: float | None = None  # ...and, when overloaded, short since then
+        self._overloaded = False
+        self._rtt = 0.0  # moving average of the latency of admitted requests
         self._admitted = [0, 0, 0]
         self._shed = [0, 0, 0]
         self._shed_codel = 0
@@ -179,19 +183,35 @@ class Shedder:
 
     # -- the decisions (under the lock) -------------------------------------------------------
     def _standing(self, now: float) -> bool:
-        since = self._above_since
-        if since is None:
-            return False
-        if not self._waiting:
-            self._above_since = None
-            return False
-        return now - since >= self.codel_interval
+        """CoDel's state: entered when waiters stood above the target for a whole
+        interval, left when the queue stayed short (empty, or sojourns below the target)
+        for a whole interval."""
+        if self._overloaded:
+            below = self._below_since
+            if below is not None and now - below >= self.codel_interval:
+                self._overloaded = False
+                self._below_since = None
+            return self._overloaded
+        above = self._above_since
+        if above is not None and now - above >= self.codel_interval:
+            self._overloaded = True
+            self._below_since = None
+        return self._overloaded
 
     def _sojourn(self, waited: float, now: float) -> None:
+        """A waiter left the queue after ``waited`` seconds."""
         if waited < self.codel_target:
-            self._above_since = None
-        elif self._above_since is None:
-            self._above_since = now - waited + self.codel_target
+            self._short(now)
+        else:
+            self._below_since = None
+            if self._above_since is None:
+                self._above_since = now - waited + self.codel_target
+
+    def _short(self, now: float) -> None:
+        """The queue is short now (empty, or a sojourn below the target)."""
+        self._above_since = None
+        if self._overloaded and self._below_since is None:
+            self._below_since = now
 
     def _take(self, tier: int, now: float, key: str) -> Ticket:
         self._in_flight += 1
@@ -210,7 +230,7 @@ class Shedder:
             q = queues[tier]
             cap = max(1, math.floor(limit * share[tier]))
             while q and self._in_flight < cap:
-                w = q.pop() if lifo else q.popleft()
+                w = q.pop() if lifo and tier else q.popleft()
                 self._waiting -= 1
                 self._sojourn(now - w.since, now)
                 w.granted = self._take(tier, now, w.key)
@@ -225,20 +245,34 @@ class Shedder:
                         self._tier_in_flight[tier] -= 1
                         self._admitted[tier] -= 1
         if not self._waiting:
-            self._above_since = None
+            self._short(now)
 
     def _admit(self, tier: int, key: str, now: float, may_wait: bool) -> Ticket | _Waiter | str:
         """A ticket, a waiter to wait on, or the reason to shed."""
+        if self._waiting:
+            oldest = min(q[0].since for q in self._queues if q)
+            if now - oldest >= self.codel_target:
+                self._below_since = None
+                if self._above_since is None:
+                    self._above_since = oldest + self.codel_target
+        elif self._overloaded or self._above_since is not None:
+            self._short(now)
         limit = self.limit.limit
         if self._in_flight < max(1, math.floor(limit * self._share[tier])):
             return self._take(tier, now, key)
         if not may_wait or self.queue_timeout <= 0 or self._waiting >= self.max_queue:
             return "capacity"
-        if self._waiting:
-            oldest = min(q[0].since for q in self._queues if q)
-            if now - oldest >= self.codel_target and self._above_since is None:
-                self._above_since = oldest + self.codel_target
-        if tier != CRITICAL and self._standing(now):
+        if tier != CRITICAL and self._rtt:
+            # shed now what would wait in vain: slots free about every rtt / in_flight
+            # seconds, and this request needs the ones for the waiters before it too
+            ahead = len(self._queues[CRITICAL]) + len(self._queues[DEGRADED])
+            if tier == SHEDDABLE:
+                ahead += len(self._queues[SHEDDABLE])
+            need = ahead + 1 + self._in_flight - max(1, math.floor(limit * self._share[tier]))
+            if 2 * need * self._rtt > self.queue_timeout * max(1, self._in_flight):
+                return "capacity"
+        if tier != CRITICAL and (self._overloaded or self._above_since is not None) \
+                and self._standing(now):
             return "codel"
         w = _Waiter(tier, now, key)
         self._queues[tier].append(w)
@@ -272,7 +306,7 @@ class Shedder:
                 self._waiting -= 1
             self._sojourn(now - w.since, now)
             if not self._waiting:
-                self._above_since = None
+                self._short(now)
             return self._shed_one(w.tier, "queue_timeout", now)
 
     # -- the API ----------------------------------------------------------------------------
@@ -342,6 +376,9 @@ class Shedder:
         with self._lock:
             self._in_flight -= 1
             self._tier_in_flight[ticket.tier] -= 1
+            if ok:
+                rtt = now - ticket.start
+                self._rtt = rtt if not self._rtt else self._rtt + 0.1 * (rtt - self._rtt)
             limit = self.limit
             if ok and limit.adaptive:
                 old = limit.limit

@@ -18,6 +18,7 @@ reviews 10 ms, recommendations 15 ms, analytics 5 ms.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -63,6 +64,10 @@ def _sync_routes() -> list[Route]:
     return [Route(path, endpoint(cost), methods=["GET", "POST"]) for path, cost in COST.items()]
 
 
+async def healthz(request: Request) -> JSONResponse:
+    return JSONResponse({"ok": True})
+
+
 def _async_routes(work: Callable[[float], Awaitable[None]]) -> list[Route]:
     def endpoint(cost: float) -> Callable[[Request], Awaitable[JSONResponse]]:
         async def handle(request: Request) -> JSONResponse:
@@ -79,7 +84,7 @@ def build_app(protection: str = "adaptive", *, work: Callable[[float], Awaitable
     """The shop with ``protection`` "adaptive", "fixed" or "none"; ``options`` go to the
     middleware (``clock=``, ``listeners=``, ``queue_timeout=``...)."""
     routes = _sync_routes() if work is None else _async_routes(work)
-    shop = Starlette(routes=routes)
+    shop = Starlette(routes=[*routes, Route("/healthz", healthz)])
     if protection == "none":
         return shop
     if protection == "fixed":  # a plain concurrency limit: no tiers
@@ -90,6 +95,13 @@ def build_app(protection: str = "adaptive", *, work: Callable[[float], Awaitable
                                       exempt=["/healthz"], **options)
     raise ValueError(f"protection: must be 'adaptive', 'fixed' or 'none', got {protection!r}")
 
+
+# The event loop (which parses every request and answers every 503) takes the GIL from the
+# CPU-bound worker threads at each switch interval, 5 ms by default: SHOP_SWITCH_INTERVAL=
+# 0.001 (what bench/overload.py sets) keeps a shed request from waiting behind the work it
+# protects (docs/overload.md, deployment).
+if os.environ.get("SHOP_SWITCH_INTERVAL"):
+    sys.setswitchinterval(float(os.environ["SHOP_SWITCH_INTERVAL"]))
 
 app = build_app(os.environ.get("SHOP_PROTECTION", "adaptive"),
                 fixed_limit=int(os.environ.get("SHOP_FIXED_LIMIT", FIXED_LIMIT)))

@@ -146,6 +146,8 @@ def test_shrinks_under_sustained_latency_growth(initial: int, growth: float,
         before = rtt  # a window is judged when the next one's first sample arrives
         rtt *= 1 + growth
         now = drive(limit, lambda c, r=rtt: r, windows=1, now=now)
+        if limit.probing:
+            continue  # a probe window lowers the limit for one window: not the trend
         if before > base * 1.5:
             assert limit.limit <= last
         last = limit.limit
@@ -170,7 +172,9 @@ def test_does_not_creep_upward_under_moderate_overload(capacity: int, initial: i
     for i in range(1000):
         now = drive(ours, rtt_of, windows=1, now=now)
         g2.window(rtt_of(int(g2.limit)))  # type: ignore[operator]
-        if i == 100:
+        if ours.probing:
+            continue
+        if i >= 100 and settled is None:
             settled = ours.limit
         elif settled is not None:
             assert ours.limit <= settled, (i, ours.limit, settled)

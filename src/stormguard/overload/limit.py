@@ -26,9 +26,16 @@ periodic minRTT probe, which drops concurrency to measure, is what causes its bu
 sustained queueing keeps the ratio high: the limit cannot creep upward under moderate
 overload, which is the known flaw of Gradient2, whose long-term average follows the
 loaded latency until the gradient reads 1 and its queue allowance adds ``sqrt(limit)``
-every window (``tests/overload/test_limit.py`` runs both through that scenario). The
-price: a limit that starts under overload learns a loaded baseline and settles higher
-than it needs to (it still never creeps).
+every window (``tests/overload/test_limit.py`` runs both through that scenario).
+
+A limit that starts under overload learns a loaded baseline: no request it sees ran at
+no load. So unless the baselines were measured with one request in flight, the fifth
+window is a **probe**: the limit is lowered, for one window in which it does not grow, to
+a fifth below the concurrency at which the baseline was measured (and below the last
+probe), never below a quarter of itself. If latency falls with it (some route's baseline
+drops by 5 % or more), the baseline was a loaded one: probes go on every 10 windows until
+one finds nothing, and then stop for good. A probe costs at most 3/4 of the slots for
+one window (about 100 ms), never a fall to the floor.
 """
 
 from __future__ import annotations
@@ -46,6 +53,11 @@ MAX_KEYS = 256
 _RATIO_CAP = 10.0
 #: the most one window may take off the limit (x 0.5)
 SHRINK_FLOOR = 0.5
+#: probe windows: the limit x 0.8, at window 5, then every 10 while a probe finds a lower
+#: baseline (the one learnt was measured under load); stopped by the first that does not
+PROBE = 0.8
+FIRST_PROBE = 5
+PROBE_EVERY = 10
 
 
 class FixedLimit:
@@ -71,8 +83,10 @@ class FixedLimit:
 class AdaptiveLimit:
     """A concurrency limit that follows measured latency, within ``[min, max]``."""
 
-    __slots__ = ("_alone", "_baseline", "_limit", "_max_in_flight", "_n", "_ratios", "_since",
-                 "_sum", "initial", "max", "min", "min_samples", "owner", "tolerance", "window")
+    __slots__ = ("_alone", "_base_in_flight", "_baseline", "_limit", "_lowered",
+                 "_max_in_flight", "_n", "_probe_at", "_probe_limit", "_probing", "_ratios",
+                 "_since", "_sum", "_windows", "initial", "max", "min", "min_samples", "owner",
+                 "tolerance", "window")
 
     adaptive = True
 
@@ -98,11 +112,24 @@ class AdaptiveLimit:
         self._sum = 0.0
         self._ratios: list[float] = []
         self._max_in_flight = 0
+        self._windows = 0
+        self._probe_at: int | None = FIRST_PROBE
+        self._probing = False
+        self._lowered = False
+        self._probe_limit = math.inf  # each probe goes a fifth below the last one
+        self._base_in_flight = 0  # in flight when the latest baseline was measured
 
     @property
     def limit(self) -> int:
         """The current limit, an integer within ``[min, max]``."""
+        if self._probing:
+            return max(self.min, int(min(self._limit, self._probe_limit)))
         return int(self._limit)
+
+    @property
+    def probing(self) -> bool:
+        """True during a probe window (the limit is lowered by a fifth)."""
+        return self._probing
 
     def baseline(self, key: str = "") -> float | None:
         """The no-load latency learnt for ``key`` (None before its first sample)."""
@@ -122,8 +149,12 @@ class AdaptiveLimit:
                 b = base.get(key)
             if b is None:
                 base[key] = b = rtt
+                self._base_in_flight = max(self._base_in_flight, in_flight)
         if rtt < b:
+            if rtt < 0.95 * b:
+                self._lowered = True
             base[key] = b = rtt
+            self._base_in_flight = in_flight
         if in_flight <= 1:  # ran alone: a no-load measurement
             alone = self._alone
             seen = alone.get(key)
@@ -159,13 +190,26 @@ class AdaptiveLimit:
         tol = self.tolerance
         if mean > tol:
             limit *= max(SHRINK_FLOOR, tol / mean)
-        elif mean <= 1.0 + (tol - 1.0) / 2 and 2 * self._max_in_flight >= limit:
+        elif mean <= 1.0 + (tol - 1.0) / 2 and 2 * self._max_in_flight >= limit \
+                and not self._probing:
             limit += 1.0 if limit < 10 else math.sqrt(limit)
         self._limit = min(float(self.max), max(float(self.min), limit))
         self._since = now
         self._n = 0
         self._sum = 0.0
         self._max_in_flight = 0
+        self._windows += 1
+        if self._probing:  # found a lower baseline: it was a loaded one, look again later
+            self._probing = False
+            self._probe_at = self._windows + PROBE_EVERY if self._lowered else None
+        elif self._probe_at is not None and self._windows >= self._probe_at:
+            if self._base_in_flight <= 1:  # the baselines were measured alone: no need
+                self._probe_at = None
+            else:  # below the last probe and where the baseline was measured, not below 1/4
+                self._probing = True
+                self._probe_limit = max(0.25 * self._limit, PROBE * min(
+                    self._limit, self._probe_limit, float(self._base_in_flight)))
+        self._lowered = False
         return mean
 
     def stats(self) -> dict[str, Any]:

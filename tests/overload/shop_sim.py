@@ -135,9 +135,10 @@ def main() -> None:
             for seed in (1, 2, 3, 4):
                 r = simulate(protection, load, seed=seed, warm_load=load)
                 late = sum(1 for xs in r.shed.values() for t in xs if t > 0.005)
+                late_share = late / sum(r.sent.values())
                 print(f"{protection:<9} {load:>3g}x {seed:>4} | "
                       + " ".join(f"{r.success(t):>8.2%}" for t in tiers)
-                      + f" | {r.p99('critical') / base:>6.1f}x | {late / sum(r.sent.values()):>7.1%}"
+                      + f" | {r.p99('critical') / base:>6.1f}x | {late_share:>7.1%}"
                       + f" | {r.goodput() * mean_cost():>6.0%}")
 
 

@@ -85,6 +85,7 @@ class Point:
     shed: dict[str, list[float]] = field(default_factory=lambda: {t: [] for t in TIERS})
     waited: dict[str, list[float]] = field(default_factory=lambda: {t: [] for t in TIERS})
     failed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
+    limits: list[int] = field(default_factory=list)  # the server's limit, sampled
     duration: float = 1.0
 
     def success(self, tier: str) -> float:
@@ -101,7 +102,7 @@ class Point:
                 "failed": self.failed,
                 "p99_ok_ms": {t: p99ms(v) for t, v in self.ok.items()},
                 "p99_shed_ms": p99ms([x for v in self.shed.values() for x in v]),
-                "goodput": self.goodput()}
+                "goodput": self.goodput(), "limits": self.limits}
 
 
 def p99(xs: list[float]) -> float:
@@ -193,6 +194,21 @@ async def offer(port: int, rate: float, seconds: float, give_up: float, rng: ran
         else:
             point.failed[tier] += 1
 
+    async def watch() -> None:  # the server's limit every 100 ms (an exempt path)
+        probe = Client(port, give_up)
+        try:
+            while True:
+                await asyncio.sleep(0.1)
+                try:
+                    status, body = await probe.request("GET", "/stats")
+                except (OSError, ValueError, IndexError, asyncio.IncompleteReadError):
+                    continue
+                if status == 200 and point is not None and b"limit" in body:
+                    point.limits.append(json.loads(body)["limit"])
+        finally:
+            probe.close()
+
+    watcher = asyncio.create_task(watch())
     start = loop.time()
     n = int(rate * seconds)
     for i in range(n):
@@ -204,7 +220,10 @@ async def offer(port: int, rate: float, seconds: float, give_up: float, rng: ran
             await asyncio.sleep(delay)
         tasks.append(asyncio.create_task(one(method, path, tier)))
     await asyncio.gather(*tasks)
+    watcher.cancel()
+    await asyncio.gather(watcher, return_exceptions=True)
     client.close()
+    await asyncio.sleep(0)  # let the closed transports go
 
 
 async def closed_loop(port: int, seconds: float, connections: int, rng: random.Random) -> float:
@@ -324,7 +343,8 @@ def main() -> None:
         print(f"  {load:g}x done, load average {os.getloadavg()[0]:.1f}", flush=True)
 
     print(f"\n{'config':<30} {'load':>4} | {'critical':>9} {'degraded':>9} {'sheddable':>9} | "
-          f"{'p99 crit':>8} {'x unl.':>6} | {'shed p99':>8} {'waited':>6} | {'goodput':>8}")
+          f"{'p99 crit':>8} {'x unl.':>6} | {'shed p99':>8} {'waited':>6} | {'goodput':>8} | "
+          "limit")
     for config in configs:
         for load in loads:
             pt = results[config][load]
@@ -335,9 +355,12 @@ def main() -> None:
                   + " ".join(f"{pt.success(t):>9.2%}" for t in TIERS)
                   + f" | {crit * 1000:>6.1f}ms {crit / base_p99:>5.1f}x"
                   + f" | {p99(shed_all) * 1000:>6.1f}ms {waited:>6}"
-                  + f" | {pt.goodput() / capacity:>7.0%}")
+                  + f" | {pt.goodput() / capacity:>7.0%}"
+                  + (f" | {min(pt.limits)}-{sorted(pt.limits)[len(pt.limits) // 2]}-"
+                     f"{max(pt.limits)}" if pt.limits else " | -"))
     print("(success: 200 within the client timeout / sent; shed p99: 503s answered at once; "
-          "waited: 503s after waiting queue_timeout in vain; goodput: 200s/s / capacity)")
+          "waited: 503s after waiting queue_timeout in vain; goodput: 200s/s / capacity; "
+          "limit: min-median-max of the server's limit)")
     if "adaptive" in results and "none" in results:
         for load in loads:
             a, n = results["adaptive"][load], results["none"][load]

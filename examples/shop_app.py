@@ -68,6 +68,14 @@ async def healthz(request: Request) -> JSONResponse:
     return JSONResponse({"ok": True})
 
 
+_protected: list[Any] = []  # the middleware, for /stats
+
+
+async def stats(request: Request) -> JSONResponse:
+    """The shedder's gauges (exempt from shedding): what the load test samples."""
+    return JSONResponse(_protected[0].stats() if _protected else {})
+
+
 def _async_routes(work: Callable[[float], Awaitable[None]]) -> list[Route]:
     def endpoint(cost: float) -> Callable[[Request], Awaitable[JSONResponse]]:
         async def handle(request: Request) -> JSONResponse:
@@ -84,16 +92,21 @@ def build_app(protection: str = "adaptive", *, work: Callable[[float], Awaitable
     """The shop with ``protection`` "adaptive", "fixed" or "none"; ``options`` go to the
     middleware (``clock=``, ``listeners=``, ``queue_timeout=``...)."""
     routes = _sync_routes() if work is None else _async_routes(work)
-    shop = Starlette(routes=[*routes, Route("/healthz", healthz)])
+    shop = Starlette(routes=[*routes, Route("/healthz", healthz), Route("/stats", stats)])
     if protection == "none":
         return shop
     if protection == "fixed":  # a plain concurrency limit: no tiers
-        return LoadSheddingMiddleware(shop, limit=fixed_limit, default="critical", **options)
-    if protection == "adaptive":
-        return LoadSheddingMiddleware(shop, priorities=PRIORITIES, default="degraded",
-                                      limit=AdaptiveLimit(), queue_timeout=0.05,
-                                      exempt=["/healthz"], **options)
-    raise ValueError(f"protection: must be 'adaptive', 'fixed' or 'none', got {protection!r}")
+        mw = LoadSheddingMiddleware(shop, limit=fixed_limit, default="critical",
+                                    exempt=["/healthz", "/stats"], **options)
+    elif protection == "adaptive":
+        mw = LoadSheddingMiddleware(shop, priorities=PRIORITIES, default="degraded",
+                                    limit=AdaptiveLimit(), queue_timeout=0.05,
+                                    exempt=["/healthz", "/stats"], **options)
+    else:
+        raise ValueError(f"protection: must be 'adaptive', 'fixed' or 'none', "
+                         f"got {protection!r}")
+    _protected[:] = [mw]
+    return mw
 
 
 # The event loop (which parses every request and answers every 503) takes the GIL from the

@@ -228,10 +228,13 @@ class _Released:
     def __iter__(self) -> Iterator[bytes]:
         try:
             yield from self._body
-            self._ok = True
         except BaseException:
             self.close()
             raise
+        self._ok = True
+        release, self._release = self._release, None
+        if release is not None:  # the body is out: free the slot now (close() may be late)
+            release(True)
 
     def close(self) -> None:
         try:

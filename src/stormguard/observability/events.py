@@ -178,12 +178,13 @@ class LoggingListener:
     """Log every event on ``logger`` (default ``"stormguard"``).
 
     State changes, rejections, exhausted budgets and timeouts log at WARNING;
-    scheduled retries and fallbacks at INFO.
+    scheduled retries, fallbacks and the overload events (one per shed request or
+    throttled call, many under overload; limit changes) at INFO.
     """
 
     __slots__ = ("logger",)
 
-    _INFO = (RetryScheduled, FallbackUsed, LimitChanged)
+    _INFO = (RetryScheduled, FallbackUsed, LimitChanged, RequestShed, CallThrottled)
 
     def __init__(self, logger: logging.Logger | None = None) -> None:
         self.logger = logger if logger is not None else _log

@@ -11,7 +11,10 @@ the latency is far past the tolerance: then the window closes at once):
   20 ms checkout is not a slow 5 ms cart): ``ratio = rtt / baseline[key]``, and the
   window's ``ratio`` is their median (one GC pause is not a queue);
 * ``ratio > tolerance`` (2.0: queueing shows): the limit shrinks multiplicatively,
-  ``limit x max(0.5, tolerance / ratio)``;
+  ``limit x max(0.5, tolerance / ratio)``, unless the requests that ran alone in that
+  window (at least 2) were as slow (their median ratio above the tolerance too): then
+  the slowness is not a queue of ours (a busy machine, a slow disk) and a lower limit
+  would only shed requests, so it holds;
 * ``ratio`` near 1 (at most ``1 + (tolerance - 1) / 2``) and the limit was in use (the
   most in flight reached half of it): the limit grows, by 1 below 10 and by
   ``sqrt(limit)`` above;
@@ -83,7 +86,7 @@ class FixedLimit:
 class AdaptiveLimit:
     """A concurrency limit that follows measured latency, within ``[min, max]``."""
 
-    __slots__ = ("_alone", "_base_in_flight", "_baseline", "_limit", "_lowered",
+    __slots__ = ("_alone", "_alone_ratios", "_base_in_flight", "_baseline", "_limit", "_lowered",
                  "_max_in_flight", "_n", "_probe_at", "_probe_limit", "_probing", "_ratios",
                  "_since", "_sum", "_windows", "initial", "max", "min", "min_samples", "owner",
                  "tolerance", "window")
@@ -107,6 +110,7 @@ class AdaptiveLimit:
         self._limit = float(initial)
         self._baseline: dict[str, float] = {}
         self._alone: dict[str, float] = {}  # per key, this window's fastest request alone
+        self._alone_ratios: list[float] = []  # this window's ratios of requests alone
         self._since: float | None = None
         self._n = 0
         self._sum = 0.0
@@ -156,6 +160,7 @@ class AdaptiveLimit:
             base[key] = b = rtt
             self._base_in_flight = in_flight
         if in_flight <= 1:  # ran alone: a no-load measurement
+            self._alone_ratios.append(rtt / b)
             alone = self._alone
             seen = alone.get(key)
             if seen is None or rtt < seen:
@@ -188,7 +193,11 @@ class AdaptiveLimit:
         self._alone.clear()
         limit = self._limit
         tol = self.tolerance
-        if mean > tol:
+        lone = sorted(self._alone_ratios)
+        self._alone_ratios.clear()
+        if mean > tol and len(lone) >= 2 and lone[len(lone) // 2] > tol:
+            pass  # requests that ran alone were slow too: not a queue a lower limit shortens
+        elif mean > tol:
             limit *= max(SHRINK_FLOOR, tol / mean)
         elif mean <= 1.0 + (tol - 1.0) / 2 and 2 * self._max_in_flight >= limit \
                 and not self._probing:

@@ -101,7 +101,8 @@ def build_app(protection: str = "adaptive", *, work: Callable[[float], Awaitable
                                     exempt=["/healthz", "/stats"], **options)
     elif protection == "adaptive":
         tolerance = os.environ.get("SHOP_TOLERANCE")  # to try other tolerances
-        limit = AdaptiveLimit() if not tolerance else AdaptiveLimit(tolerance=float(tolerance))
+        limit = options.pop("limit", None) or (
+            AdaptiveLimit() if not tolerance else AdaptiveLimit(tolerance=float(tolerance)))
         mw = LoadSheddingMiddleware(shop, priorities=PRIORITIES, default="degraded",
                                     limit=limit, queue_timeout=0.05,
                                     exempt=["/healthz", "/stats"], **options)

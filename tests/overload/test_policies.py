@@ -316,3 +316,36 @@ def test_shed_is_not_retried_by_default(clock: FakeClock) -> None:
     assert not isinstance(ticket, Shed)
     limit.shedder.release(ticket)
     assert pipeline.call(lambda: "now") == "now"
+
+
+def test_a_blocking_call_waits_for_a_slot_a_thread_frees() -> None:
+    """Real threads on the system clock: one call holds the only slot until told; a
+    second, with max_wait, gets the slot as soon as it is freed (no polling: the freed
+    slot is handed over); a third without wait is refused at once."""
+    limit = ConcurrencyLimit(1, max_wait=30.0)
+    holding = threading.Event()
+    release = threading.Event()
+    results: list[str] = []
+
+    def hold() -> str:
+        holding.set()
+        release.wait(30)
+        return "first"
+
+    first = threading.Thread(target=lambda: results.append(limit.call(hold)))
+    first.start()
+    assert holding.wait(30)
+    waiter = threading.Thread(target=lambda: results.append(limit.call(lambda: "second")))
+    waiter.start()
+    eventually = __import__("tests.resilience.conftest", fromlist=["eventually"]).eventually
+    eventually(lambda: limit.stats()["waiting"] == 1)
+    no_wait = ConcurrencyLimit(1)
+    ticket = no_wait.shedder.try_acquire()
+    with pytest.raises(Shed):
+        no_wait.call(lambda: "never")
+    assert not isinstance(ticket, Shed)
+    release.set()
+    first.join()
+    waiter.join()
+    assert results == ["first", "second"]
+    assert limit.in_flight == 0

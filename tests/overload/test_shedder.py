@@ -309,3 +309,50 @@ def test_in_flight_accounting_matches_the_tickets(ops: list[tuple[str, int, int]
         by_tier = s.stats()["in_flight_by_tier"]
         assert [by_tier[t] for t in ("critical", "degraded", "sheddable")] == [
             sum(1 for h in held if h.tier == i) for i in range(3)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(limit=st.integers(1, 12),
+       timeout=st.sampled_from([0.0, 0.005, 0.05, 0.2]),
+       arrivals=st.lists(st.tuples(st.floats(0, 0.02), st.integers(0, 2), st.floats(0.001, 0.1)),
+                         min_size=1, max_size=120))
+def test_every_request_gets_an_outcome_within_its_wait_and_caps_hold(
+        limit: int, timeout: float, arrivals: list[tuple[float, int, float]]) -> None:
+    """Random arrivals in virtual time (gap, tier, how long it holds its slot): every
+    request is admitted or shed, never both, never lost; none waits longer than
+    queue_timeout; at every admission the slots taken were below the tier's cap; the
+    total never exceeds the limit; everything is released in the end."""
+    clock = FakeClock()
+    s = Shedder(limit, queue_timeout=timeout, clock=clock)
+    outcomes: list[str] = []
+    over: list[int] = []
+
+    async def one(tier: int, hold: float) -> None:
+        t0 = clock.monotonic()
+        got = await s.acquire_async(tier)
+        waited = clock.monotonic() - t0
+        assert waited <= timeout + 1e-9
+        if isinstance(got, Ticket):
+            outcomes.append("admitted")
+            if got.in_flight > s.cap(tier):  # the slots taken at its admission, itself included
+                over.append(got.in_flight)
+            await asyncio.sleep(hold)
+            s.release(got)
+        else:
+            outcomes.append("shed")
+
+    async def main() -> None:
+        tasks = []
+        for gap, tier, hold in arrivals:
+            await asyncio.sleep(gap)
+            tasks.append(asyncio.create_task(one(tier, hold)))
+        await asyncio.gather(*tasks)
+
+    clock.run(main())
+    assert len(outcomes) == len(arrivals)
+    assert over == []
+    stats = s.stats()
+    assert stats["in_flight"] == 0
+    assert stats["waiting"] == 0
+    assert sum(stats["admitted"].values()) == outcomes.count("admitted")
+    assert sum(stats["shed"].values()) == outcomes.count("shed")

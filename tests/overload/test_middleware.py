@@ -314,3 +314,15 @@ def test_a_shared_shedder_is_one_limit_for_two_apps() -> None:
     shed = b(dict(env), lambda s, h: None)
     assert json.loads(b"".join(shed))["error"] == "overloaded"
     first.close()  # type: ignore[attr-defined]
+
+
+def test_the_latency_key_is_the_matched_pattern() -> None:
+    """/products/1/gallery and /products/2/gallery share one no-load baseline (the
+    pattern); a path no pattern matches is its own key."""
+    mw = LoadSheddingMiddleware(App(), priorities=PRIORITIES)
+    assert mw.classify({"method": "GET", "path": "/products/1/gallery"}) == (
+        1, "/products/*/gallery")
+    assert mw.classify({"method": "GET", "path": "/products/2/gallery"}) == (
+        1, "/products/*/gallery")
+    assert mw.classify({"method": "POST", "path": "/checkout"}) == (0, "POST /checkout*")
+    assert mw.classify({"method": "GET", "path": "/about"}) == (1, "/about")

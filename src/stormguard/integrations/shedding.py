@@ -70,22 +70,29 @@ class Priorities:
         if self.header is not None and not self.proxies.networks:
             raise ConfigError("priority_header", priority_header, "is honoured only from "
                               "trusted proxies: list them in trusted_proxies")
-        self._memo: dict[tuple[str, str], int] = {}
+        self._patterns = list(priorities or {})
+        self._memo: dict[tuple[str, str], tuple[int, str]] = {}
 
-    def of_path(self, method: str, path: str) -> int:
+    def route(self, method: str, path: str) -> tuple[int, str]:
+        """The tier of the first matching pattern (else the default) and the latency key
+        of the request: that pattern (so /products/1/gallery and /products/2/gallery share
+        a baseline), else the path."""
         memo = self._memo
         got = memo.get((method, path))
         if got is not None:
             return got
-        tier = self.default
-        for m, rx, t in self.rules:
+        found = (self.default, path)
+        for i, (m, rx, t) in enumerate(self.rules):
             if (m is None or m == method) and rx.match(path) is not None:
-                tier = t
+                found = (t, self._patterns[i])
                 break
         if len(memo) >= _CACHE:
             memo.clear()
-        memo[(method, path)] = tier
-        return tier
+        memo[(method, path)] = found
+        return found
+
+    def of_path(self, method: str, path: str) -> int:
+        return self.route(method, path)[0]
 
     def from_callable(self, request: Any) -> int | None:
         assert self.priority is not None
@@ -172,11 +179,16 @@ class LoadSheddingMiddleware(_Base):
         self._header = self.priorities.header.encode() if self.priorities.header else None
 
     def tier(self, scope: Scope) -> int:
+        return self.classify(scope)[0]
+
+    def classify(self, scope: Scope) -> tuple[int, str]:
+        """The request's tier and latency key."""
         p = self.priorities
+        tier, key = p.route(scope.get("method", "GET"), scope.get("path", "/"))
         if p.priority is not None:
             got = p.from_callable(scope)
             if got is not None:
-                return got
+                return got, key
         if self._header is not None:
             value = None
             for name, v in scope.get("headers") or ():
@@ -186,17 +198,17 @@ class LoadSheddingMiddleware(_Base):
             client = scope.get("client")
             got = p.from_header(client[0] if client else None, value)
             if got is not None:
-                return got
-        return p.of_path(scope.get("method", "GET"), scope.get("path", "/"))
+                return got, key
+        return tier, key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or (self.is_exempt is not None
                                        and self.is_exempt(scope.get("path", "/"))):
             await self.app(scope, receive, send)
             return
-        tier = self.tier(scope)
+        tier, key = self.classify(scope)
         shedder = self.shedder
-        got = await shedder.acquire_async(tier, scope.get("path", ""))
+        got = await shedder.acquire_async(tier, key)
         if not isinstance(got, Ticket):
             await self._shed(got, send)
             return
@@ -273,25 +285,30 @@ class WSGILoadSheddingMiddleware(_Base):
                              if self.priorities.header else None)
 
     def tier(self, environ: dict[str, Any]) -> int:
+        return self.classify(environ)[0]
+
+    def classify(self, environ: dict[str, Any]) -> tuple[int, str]:
+        """The request's tier and latency key."""
         p = self.priorities
+        tier, key = p.route(environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO", "/"))
         if p.priority is not None:
             got = p.from_callable(environ)
             if got is not None:
-                return got
+                return got, key
         if self._environ_key is not None:
             got = p.from_header(environ.get("REMOTE_ADDR"), environ.get(self._environ_key))
             if got is not None:
-                return got
-        return p.of_path(environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO", "/"))
+                return got, key
+        return tier, key
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]
                  ) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
         if self.is_exempt is not None and self.is_exempt(path):
             return self.app(environ, start_response)
-        tier = self.tier(environ)
+        tier, key = self.classify(environ)
         shedder = self.shedder
-        got = shedder.acquire_blocking(tier, path)
+        got = shedder.acquire_blocking(tier, key)
         if not isinstance(got, Ticket):
             body = self.body(got)
             start_response("503 Service Unavailable", [

@@ -356,3 +356,56 @@ def test_every_request_gets_an_outcome_within_its_wait_and_caps_hold(
     assert stats["waiting"] == 0
     assert sum(stats["admitted"].values()) == outcomes.count("admitted")
     assert sum(stats["shed"].values()) == outcomes.count("shed")
+
+
+def test_threads_and_tasks_share_one_shedder() -> None:
+    """A WSGI thread pool and an event loop on one shedder (real threads, the system
+    clock): slots handed between them, never more than the limit, nobody waits in vain
+    while slots come free."""
+    s = Shedder(2, queue_timeout=5.0)
+    lock = threading.Lock()
+    held = [0]
+    peak = [0]
+    shed: list[object] = []
+
+    def work() -> None:
+        with lock:
+            held[0] += 1
+            peak[0] = max(peak[0], held[0])
+        for _ in range(3000):
+            pass
+        with lock:
+            held[0] -= 1
+
+    def thread_worker() -> None:
+        for _ in range(100):
+            got = s.acquire_blocking(CRITICAL)
+            if not isinstance(got, Ticket):
+                shed.append(got)
+                continue
+            work()
+            s.release(got)
+
+    async def task_worker() -> None:
+        for _ in range(100):
+            got = await s.acquire_async(CRITICAL)
+            if not isinstance(got, Ticket):
+                shed.append(got)
+                continue
+            work()
+            await asyncio.sleep(0)
+            s.release(got)
+
+    async def main() -> None:
+        await asyncio.gather(*(task_worker() for _ in range(4)))
+
+    threads = [threading.Thread(target=thread_worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    asyncio.run(main())
+    for t in threads:
+        t.join()
+    assert shed == []
+    assert peak[0] <= 2
+    assert s.stats()["admitted"]["critical"] == 800
+    assert s.in_flight == 0

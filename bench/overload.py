@@ -271,7 +271,7 @@ def plot(path: Path, loads: list[float], results: dict[str, dict[float, Point]],
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 5.2))
     styles = {"none": ":", "fixed": "--", "adaptive": "-"}
     colors = {"critical": "tab:red", "degraded": "tab:orange", "sheddable": "tab:blue"}
     for config, points in results.items():
@@ -289,8 +289,8 @@ def plot(path: Path, loads: list[float], results: dict[str, dict[float, Point]],
             title="goodput (200 within the client timeout)")
     ax2.set(xlabel="offered load (x capacity)", ylabel="p99 of 200s (ms, log)",
             title="p99 latency per tier", yscale="log")
-    ax1.legend(fontsize=6)
-    ax2.legend(fontsize=6)
+    ax1.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
+    ax2.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
     for ax in (ax1, ax2):
         ax.set_xticks(loads)
         ax.grid(alpha=0.3)

@@ -362,11 +362,14 @@ def main() -> None:
           "waited: 503s after waiting queue_timeout in vain; goodput: 200s/s / capacity; "
           "limit: min-median-max of the server's limit)")
     if "adaptive" in results and "none" in results:
+        def ratio(a: float, b: float) -> str:
+            return f"{a / b:.1f}x" if b else ("same (both 0)" if not a else "inf (none: 0)")
+
         for load in loads:
             a, n = results["adaptive"][load], results["none"][load]
             print(f"{load:g}x: adaptive / none: critical success "
-                  f"{a.success('critical') / max(n.success('critical'), 1e-9):.1f}x, "
-                  f"goodput {a.goodput() / max(n.goodput(), 1e-9):.1f}x")
+                  f"{ratio(a.success('critical'), n.success('critical'))}, "
+                  f"goodput {ratio(a.goodput(), n.goodput())}")
     if args.plot:
         plot(Path(args.plot), loads, results, capacity)
         print(f"plot: {args.plot}")

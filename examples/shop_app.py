@@ -3,7 +3,8 @@
 Run it:   SHOP_PROTECTION=adaptive uvicorn examples.shop_app:app --no-access-log
           (SHOP_PROTECTION: "adaptive" (LoadSheddingMiddleware + AdaptiveLimit, the default),
           "fixed" (the middleware with a fixed limit of SHOP_FIXED_LIMIT, one tier), "none";
-          SHOP_TOLERANCE: another AdaptiveLimit tolerance; SHOP_SWITCH_INTERVAL: the GIL's)
+          SHOP_TOLERANCE, SHOP_LIMIT_MIN: another AdaptiveLimit tolerance, floor;
+          SHOP_SWITCH_INTERVAL: the GIL's)
 Load it:  python bench/overload.py
 
 The endpoints are plain ``def`` functions: Starlette runs them in its thread pool, so the
@@ -100,9 +101,11 @@ def build_app(protection: str = "adaptive", *, work: Callable[[float], Awaitable
         mw = LoadSheddingMiddleware(shop, limit=fixed_limit, default="critical",
                                     exempt=["/healthz", "/stats"], **options)
     elif protection == "adaptive":
-        tolerance = os.environ.get("SHOP_TOLERANCE")  # to try other tolerances
+        tolerance = os.environ.get("SHOP_TOLERANCE")  # to try other tolerances and floors
+        floor = int(os.environ.get("SHOP_LIMIT_MIN", "1"))
         limit = options.pop("limit", None) or (
-            AdaptiveLimit() if not tolerance else AdaptiveLimit(tolerance=float(tolerance)))
+            AdaptiveLimit(min=floor) if not tolerance
+            else AdaptiveLimit(min=floor, tolerance=float(tolerance)))
         mw = LoadSheddingMiddleware(shop, priorities=PRIORITIES, default="degraded",
                                     limit=limit, queue_timeout=0.05,
                                     exempt=["/healthz", "/stats"], **options)

@@ -209,3 +209,36 @@ def test_slowness_that_requests_alone_share_is_not_a_queue() -> None:
         now += 0.1
     assert external.limit >= 10  # (it grew in the learning window; it never shrank)
     assert queue.limit < 5
+
+
+def test_a_limit_that_learnt_at_no_load_never_probes() -> None:
+    limit = AdaptiveLimit(initial=20, max=1000)
+    for i in range(20):  # requests alone: a no-load baseline
+        limit.sample(0.01, i * 0.01, 1)
+    now = 1.0
+    for _ in range(100):
+        for i in range(20):
+            limit.sample(0.01 * max(1.0, limit.limit / 8), now + i * 0.005, limit.limit)
+        now += 0.1
+        assert not limit.probing
+
+
+def test_probes_stop_for_good_and_never_reach_the_floor() -> None:
+    """Started in overload: probes at most 3/4 below the limit, never to min, and they
+    stop once one finds no lower latency."""
+    limit = AdaptiveLimit(initial=40, max=1000)
+    now = 0.0
+    probes = []
+    last_probe = 0
+    for w in range(300):
+        for i in range(20):
+            limit.sample(0.01 * max(1.0, limit.limit / 4), now + i * 0.005, limit.limit)
+        now += 0.1
+        if limit.probing:
+            probes.append(limit.limit)
+            assert limit.limit >= int(limit._limit * 0.25)
+            assert limit.limit > limit.min
+            last_probe = w
+    assert probes
+    assert last_probe < 200  # then never again
+    assert 4 <= limit.limit <= 8

@@ -326,3 +326,24 @@ def test_the_latency_key_is_the_matched_pattern() -> None:
         1, "/products/*/gallery")
     assert mw.classify({"method": "POST", "path": "/checkout"}) == (0, "POST /checkout*")
     assert mw.classify({"method": "GET", "path": "/about"}) == (1, "/about")
+
+
+async def test_websockets_pass_through_and_retry_after_rounds_up() -> None:
+    seen = []
+
+    async def ws_app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(scope["type"])
+
+    mw = LoadSheddingMiddleware(ws_app, limit=1, queue_timeout=0, retry_after=0.2)
+    held = mw.shedder.try_acquire(0)
+    await mw({"type": "websocket", "path": "/ws"}, None, None)  # type: ignore[arg-type]
+    assert seen == ["websocket"]  # not counted, not shed, though the limit is full
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    await mw({"type": "http", "method": "GET", "path": "/x", "headers": []}, None, send)  # type: ignore[arg-type]
+    assert dict(sent[0]["headers"])[b"retry-after"] == b"1"
+    assert not isinstance(held, Exception)
+    mw.shedder.release(held)

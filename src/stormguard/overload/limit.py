@@ -38,7 +38,7 @@ a fifth below the concurrency at which the baseline was measured (and below the 
 probe), never below a quarter of itself. If latency falls with it (some route's baseline
 drops by 5 % or more), the baseline was a loaded one: probes go on every 10 windows until
 one finds nothing, and then stop for good. A probe costs at most 3/4 of the slots for
-one window (about 100 ms), never a fall to the floor.
+one window (about 100 ms), and never goes to the floor (``min``).
 """
 
 from __future__ import annotations
@@ -126,8 +126,9 @@ class AdaptiveLimit:
     @property
     def limit(self) -> int:
         """The current limit, an integer within ``[min, max]``."""
-        if self._probing:
-            return max(self.min, int(min(self._limit, self._probe_limit)))
+        if self._probing:  # never to the floor: that is what makes Envoy's probes hurt
+            return min(int(self._limit),
+                       max(self.min + 1, int(min(self._limit, self._probe_limit))))
         return int(self._limit)
 
     @property

@@ -119,6 +119,15 @@ class Engine:
         self._push(handle)
         return handle
 
+    def _later(self, delay: float, fn: Callable[..., object], *args: Any) -> Handle:
+        """:meth:`call_later` without the argument checks, for the simulator's own hot
+        path (``delay`` already a float >= 0)."""
+        handle = Handle(self, self.clock.monotonic() + delay, fn, args)
+        self._live += 1
+        self._seq += 1
+        heapq.heappush(self._heap, (handle.when, self._seq, handle))
+        return handle
+
     def every(self, interval: float, fn: Callable[..., object], *args: Any,
               start: float | None = None) -> Handle:
         """Run ``fn(*args)`` every ``interval`` seconds, first at ``start`` (default: one

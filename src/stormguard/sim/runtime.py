@@ -47,7 +47,7 @@ class SimClock(FakeClock):
         if main is None or me is main or self.engine is None:
             raise RuntimeError("SimClock.sleep: only a simulated task may sleep "
                                "(time moves from event to event)")
-        self.engine.call_later(max(seconds, 0.0), me.switch)
+        self.engine._later(seconds if seconds > 0.0 else 0.0, me.switch)
         main.switch()
 
 
@@ -107,7 +107,7 @@ class Waiter:
             return True
         self._task = greenlet.getcurrent()
         if timeout is not None:
-            self._timer = self._eng.call_later(max(timeout, 0.0), self._expire)
+            self._timer = self._eng._later(timeout if timeout > 0.0 else 0.0, self._expire)
         main = self._clock.main
         assert main is not None
         return bool(main.switch())

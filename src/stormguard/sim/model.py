@@ -42,9 +42,9 @@ import greenlet
 from stormguard._core.deadline import _current
 from stormguard._core.errors import TransientError
 from stormguard.observability.events import Event, StateChanged
-from stormguard.resilience.pipeline import Pipeline
 from stormguard.resilience import Retry, Timeout
 from stormguard.resilience._base import Policy
+from stormguard.resilience.pipeline import Pipeline
 from stormguard.sim.engine import Engine
 from stormguard.sim.policies import FALLBACK, BuildContext, build_policies
 from stormguard.sim.runtime import Gauge, Pool, PoolFull, Series, SimClock, Waiter, new_engine
@@ -96,8 +96,21 @@ def mean_of(spec: dict[str, Any]) -> float:
 class Dependency:
     """A provider with time-varying latency, error rate and capacity (calls/s, FIFO)."""
 
-    __slots__ = ("_at", "_capacity", "_clock", "_errors", "_latency", "_next_free", "_rng",
-                 "_series", "_tag_err", "_tag_ok", "_tag_timeout", "_tag_calls", "name")
+    __slots__ = (
+        "_at",
+        "_capacity",
+        "_clock",
+        "_errors",
+        "_latency",
+        "_next_free",
+        "_rng",
+        "_series",
+        "_tag_calls",
+        "_tag_err",
+        "_tag_ok",
+        "_tag_timeout",
+        "name",
+    )
 
     def __init__(self, name: str, spec: dict[str, Any], clock: SimClock, rng: random.Random,
                  series: Series) -> None:
@@ -339,7 +352,7 @@ class _Rate:
 def run(scenario: Scenario, *, resolution: float = 1.0) -> Result:
     """Run ``scenario`` to its ``duration`` in virtual time and return what it measured."""
     eng, clock = new_engine()
-    buckets = int(math.ceil(scenario.duration / resolution)) + 1
+    buckets = math.ceil(scenario.duration / resolution) + 1
     series = Series(clock, buckets, resolution)
     master = random.Random(scenario.seed)
     transitions: list[tuple[float, str, str, str]] = []
@@ -409,7 +422,8 @@ def _wrap(policies: list[Policy], fn: Callable[[], Any]) -> Callable[[], Any]:
     return lambda: call(fn)
 
 
-def _start_traffic(eng: Engine, clock: SimClock, spec: dict[str, Any],
+def _start_traffic(  # noqa: PLR0915 -- the closures of one traffic source, together
+        eng: Engine, clock: SimClock, spec: dict[str, Any],
                    services: dict[str, Service], series: Series, rng: random.Random,
                    duration: float) -> None:
     name = spec["name"]

@@ -156,8 +156,7 @@ class Gauge:
         self._flush(now)
         self.value += delta
         i = min(int(now / self._res), len(self.peak) - 1)
-        if self.value > self.peak[i]:
-            self.peak[i] = self.value
+        self.peak[i] = max(self.peak[i], self.value)
 
     def close(self, now: float) -> None:
         """Account the level up to ``now`` (the end of the run)."""

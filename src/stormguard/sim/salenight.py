@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stormguard.sim.model import Result, run
+from stormguard.sim.report import Panel, busy_line, calls_line, outcome_lines
 from stormguard.sim.scenario import Scenario, from_dict
 
 __all__ = ["DOCUMENTS", "SaleNight", "scenarios", "simulate"]
@@ -159,6 +160,21 @@ class SaleNight:
         rows.append(("inventory calls served, bulkheads", f"{b['inventory_success_rate']:.1%}",
                      "full speed", f"without: {b['without']['inventory_success_rate']:.1%}"))
         return rows
+
+    def panels(self) -> list[Panel]:
+        """Busy threads needed, SMS calls/s in the storm, order outcomes with the breaker."""
+        r = self.results
+        threads = [(label, *busy_line(r[key], "checkout")) for label, key in (
+            ("normal", "normal"), ("SMS at 30 s", "slow_dependency"),
+            ("1 s timeout", "with_timeout"), ("breaker + fallback", "breaker"))]
+        calls = [(label, *calls_line(r[key], "sms")) for label, key in (
+            ("two retry layers", "two_layers"), ("one layer of 3", "one_layer"),
+            ("10 % budget", "with_budget"))]
+        return [("busy threads needed by checkout (the SMS provider slows at 5 s)", "threads",
+                 True, threads),
+                ("SMS calls/s with the provider down, 1,000 orders/s", "calls/s", False, calls),
+                ("orders by outcome, breaker + fallback + 1 s timeout", "share", False,
+                 outcome_lines(r["breaker"], "orders"))]
 
     def text(self) -> str:
         rows = [("figure", "simulated", "documents", "difference"), *self.table()]

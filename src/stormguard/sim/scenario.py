@@ -99,7 +99,7 @@ def _rate(field: str, spec: Any) -> Any:
     for i, entry in enumerate(spec):
         f = f"{field}[{i}]"
         e: dict[str, Any] = {"at": validate.duration(f"{f}.at", entry["at"], allow_zero=True),
-                             "rate": float(entry["rate"])}
+                             "rate": float(entry["rate"])}  # a float: e is dict[str, Any]
         if e["at"] < last:
             raise ConfigError(f"{f}.at", entry["at"], "must not be before the previous entry")
         last = e["at"]
@@ -110,7 +110,7 @@ def _rate(field: str, spec: Any) -> Any:
     return out
 
 
-def from_dict(data: object) -> Scenario:
+def from_dict(data: object) -> Scenario:  # noqa: PLR0915 -- one pass over the sections, in order
     """Validate a parsed scenario mapping (see the module docstring)."""
     _check_schema(data)
     assert isinstance(data, dict)
@@ -156,7 +156,7 @@ def from_dict(data: object) -> Scenario:
             raise ConfigError(f, sname, "a service name cannot contain '.'")
         endpoints: dict[str, Any] = {}
         for ename, espec in spec["endpoints"].items():
-            steps = []
+            steps: list[dict[str, Any]] = []
             for k, step in enumerate(espec["steps"]):
                 sf = f"{f}.endpoints.{ename}.steps[{k}]"
                 if "work" in step:

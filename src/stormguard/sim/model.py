@@ -344,9 +344,27 @@ class _Rate:
                 return r0 + (r1 - r0) * (t - t0) / (t1 - t0)
         return r0
 
-    def next_change(self, t: float) -> float | None:
-        i = bisect.bisect_right(self.times, t)
-        return self.times[i] if i < len(self.times) else None
+    def advance(self, t: float, need: float = 1.0) -> float | None:
+        """The time after ``t`` at which the rate's integral has grown by ``need`` (the
+        next arrival of the constant process), or None if it never does."""
+        pts = self.points
+        i = bisect.bisect_right(self.times, t) - 1
+        while i + 1 < len(pts):
+            t1, r1 = pts[i + 1]
+            if t1 > t:
+                r = self(t)
+                slope = (r1 - r) / (t1 - t)
+                area = (r + r1) / 2 * (t1 - t)
+                if need <= area:
+                    if abs(slope) < 1e-12:
+                        return t + need / r
+                    # r dt + slope dt^2 / 2 = need
+                    return t + (math.sqrt(r * r + 2 * slope * need) - r) / slope
+                need -= area
+                t = t1
+            i += 1
+        last = pts[-1][1]
+        return t + need / last if last > 0 else None
 
 
 def run(scenario: Scenario, *, resolution: float = 1.0) -> Result:
@@ -505,14 +523,7 @@ def _start_traffic(  # noqa: PLR0915 -- the closures of one traffic source, toge
                     return None
                 if rng.random() * peak <= rate(t):
                     return t
-        while True:
-            r = rate(t)
-            if r > 0:
-                return t + 1.0 / r
-            nxt = rate.next_change(t)
-            if nxt is None or nxt > duration:
-                return None
-            t = nxt if nxt > t else math.nextafter(t, math.inf)
+        return rate.advance(t)
 
     def arrive() -> None:
         series.add(tag_arrivals)

@@ -94,11 +94,11 @@ def scenarios() -> dict[str, dict[str, Any]]:
                          description="fallback (queue the SMS), breaker, 1 s timeout")
     app_retry = [{"name": "app", "retry": {"attempts": 4, "base": "100ms", "max_delay": "1s"}}]
     retry3 = {"retry": {"attempts": 4, "base": "100ms", "max_delay": "1s"}}
-    s["two_layers"] = _base("two_layers", 15, (5, 15), threads=None, sms=_down(),
+    s["two_layers"] = _base("two_layers", 10, (4, 10), threads=None, sms=_down(),
                             sms_policies=[retry3], clients=app_retry,
                             description="SMS down; the app retries 3 times above checkout "
                                         "retrying 3 times")
-    s["one_layer"] = _base("one_layer", 15, (5, 15), threads=None, sms=_down(),
+    s["one_layer"] = _base("one_layer", 10, (4, 10), threads=None, sms=_down(),
                            sms_policies=[{"fallback": {}}, retry3],
                            description="one retry layer of 3, then the fallback")
     budget = {"retry": {"attempts": 4, "base": "100ms", "max_delay": "1s",

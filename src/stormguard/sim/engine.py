@@ -128,6 +128,15 @@ class Engine:
         heapq.heappush(self._heap, (handle.when, self._seq, handle))
         return handle
 
+    def _now(self, fn: Callable[..., object], *args: Any) -> Handle:
+        """``call_at(now, fn, *args)`` without the argument checks (the simulator's own
+        wake-ups: after the events already due now)."""
+        handle = Handle(self, self.clock.monotonic(), fn, args)
+        self._live += 1
+        self._seq += 1
+        heapq.heappush(self._heap, (handle.when, self._seq, handle))
+        return handle
+
     def every(self, interval: float, fn: Callable[..., object], *args: Any,
               start: float | None = None) -> Handle:
         """Run ``fn(*args)`` every ``interval`` seconds, first at ``start`` (default: one

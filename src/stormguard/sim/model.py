@@ -37,8 +37,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import greenlet
-
 from stormguard._core.deadline import _current
 from stormguard._core.errors import TransientError
 from stormguard.observability.events import Event, StateChanged
@@ -47,7 +45,16 @@ from stormguard.resilience._base import Policy
 from stormguard.resilience.pipeline import Pipeline
 from stormguard.sim.engine import Engine
 from stormguard.sim.policies import FALLBACK, BuildContext, build_policies
-from stormguard.sim.runtime import Gauge, Pool, PoolFull, Series, SimClock, Waiter, new_engine
+from stormguard.sim.runtime import (
+    Gauge,
+    Pool,
+    PoolFull,
+    Series,
+    SimClock,
+    Waiter,
+    new_engine,
+    start,
+)
 from stormguard.sim.scenario import Scenario
 
 __all__ = ["DependencyDown", "Result", "ServiceUnavailable", "run"]
@@ -96,50 +103,40 @@ def mean_of(spec: dict[str, Any]) -> float:
 class Dependency:
     """A provider with time-varying latency, error rate and capacity (calls/s, FIFO)."""
 
-    __slots__ = (
-        "_at",
-        "_capacity",
-        "_clock",
-        "_errors",
-        "_latency",
-        "_next_free",
-        "_rng",
-        "_series",
-        "_tag_calls",
-        "_tag_err",
-        "_tag_ok",
-        "_tag_timeout",
-        "name",
-    )
+    __slots__ = ("_at", "_capacity", "_clock", "_errors", "_inv_res", "_last", "_latency",
+                 "_next_free", "_rng", "_rows", "_single", "name")
 
     def __init__(self, name: str, spec: dict[str, Any], clock: SimClock, rng: random.Random,
                  series: Series) -> None:
         self.name = name
         self._clock = clock
         self._rng = rng
-        self._series = series
         phases = [(0.0, spec)]
         base = dict(spec)
         for change in spec.get("changes", []):
             base = {**base, **{k: v for k, v in change.items() if k != "at"}}
             phases.append((float(change["at"]), base))
         self._at = [t for t, _ in phases]
+        self._single = len(phases) == 1
         self._latency = [sampler(p["latency"], rng) for _, p in phases]
         self._errors = [float(p.get("error_rate", 0.0)) for _, p in phases]
         self._capacity = [p.get("capacity") for _, p in phases]
         self._next_free = 0.0
-        self._tag_calls = f"calls:{name}"
-        self._tag_ok = f"dep:{name}:ok"
-        self._tag_err = f"dep:{name}:error"
-        self._tag_timeout = f"dep:{name}:timeout"
+        # the count rows, looked up once: calls, answered, failed, abandoned by the caller
+        self._rows = tuple(series.row(f"{tag}") for tag in (
+            f"calls:{name}", f"dep:{name}:ok", f"dep:{name}:error", f"dep:{name}:timeout"))
+        self._inv_res = 1.0 / series.resolution
+        self._last = series.buckets - 1
 
     def call(self) -> str:
         """One call from a simulated task: waits its answer or the deadline in force."""
         clock = self._clock
         now = clock.monotonic()
-        series = self._series
-        series.add(self._tag_calls)
-        i = bisect.bisect_right(self._at, now) - 1
+        b = int(now * self._inv_res)
+        b = min(b, self._last)
+        calls, ok, err, abandoned = self._rows
+        calls[b] += 1
+        i = 0 if self._single else bisect.bisect_right(self._at, now) - 1
         capacity = self._capacity[i]
         start = now
         if capacity is not None:
@@ -147,17 +144,20 @@ class Dependency:
             start = self._next_free if self._next_free > now else now
             self._next_free = start + 1.0 / float(capacity)
         answer_at = start + self._latency[i]()
-        failed = self._errors[i] > 0.0 and self._rng.random() < self._errors[i]
+        rate = self._errors[i]
+        failed = rate > 0.0 and self._rng.random() < rate
         d = _current.get()
         if d is not None and d.at < answer_at:
-            clock.sleep(max(d.at - now, 0.0))
-            series.add(self._tag_timeout)
+            clock.sleep(d.at - now if d.at > now else 0.0)
+            b = min(int(clock.monotonic() * self._inv_res), self._last)
+            abandoned[b] += 1
             raise TimeoutError(f"{self.name}: no answer before the deadline")
         clock.sleep(answer_at - now)
+        b = min(int(clock.monotonic() * self._inv_res), self._last)
         if failed:
-            series.add(self._tag_err)
+            err[b] += 1
             raise DependencyDown(f"{self.name}: 503")
-        series.add(self._tag_ok)
+        ok[b] += 1
         return "ok"
 
 
@@ -447,7 +447,6 @@ def _start_traffic(  # noqa: PLR0915 -- the closures of one traffic source, toge
     name = spec["name"]
     sname, endpoint = spec["target"].split(".", 1)
     svc = services[sname]
-    main = clock.main
     tag_arrivals = f"{name}:arrivals"
     tag_latency = f"{name}:latency_us"
     tags = {o: f"{name}:{o}" for o in ("success", "fallback", "error")}
@@ -466,8 +465,7 @@ def _start_traffic(  # noqa: PLR0915 -- the closures of one traffic source, toge
                 except Exception as exc:
                     waiter.complete(exc)
 
-            task = greenlet.greenlet(hop, parent=main)
-            eng.call_at(eng.now, task.switch)
+            eng._now(start, clock, hop)
             d = _current.get()
             if not waiter.wait(None if d is None else max(d.at - clock.monotonic(), 0.0)):
                 raise TimeoutError(f"{sname}: no answer before the deadline")
@@ -517,6 +515,8 @@ def _start_traffic(  # noqa: PLR0915 -- the closures of one traffic source, toge
             peak = rate.peak
             if peak <= 0:
                 return None
+            if len(rate.points) == 1:  # a constant rate: no thinning needed
+                return t + rng.expovariate(peak)
             while True:  # thinning (Lewis-Shedler) for a time-varying rate
                 t += rng.expovariate(peak)
                 if t > duration:
@@ -527,10 +527,10 @@ def _start_traffic(  # noqa: PLR0915 -- the closures of one traffic source, toge
 
     def arrive() -> None:
         series.add(tag_arrivals)
-        greenlet.greenlet(request, parent=main).switch()
+        start(clock, request)
         t = next_time(eng.now)
         if t is not None and t <= duration:
-            eng.call_at(t, arrive)
+            eng._later(t - eng.now, arrive)
 
     first = next_time(0.0)
     if first is not None and first <= duration:

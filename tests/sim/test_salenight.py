@@ -106,3 +106,13 @@ def test_the_png_and_the_self_contained_html(night: dict[str, Any]) -> None:
     figures = json.loads(re.search(r'<pre id="figures">(.*?)</pre>', page, re.S)
                          .group(1).replace("&quot;", '"'))  # type: ignore[union-attr]
     assert figures["threads"] == night["figures"]["threads"]
+
+
+def test_the_docs_table_is_this_run(night: dict[str, Any]) -> None:
+    """docs/simulation.md shows the figures of this (deterministic) run, not older ones."""
+    from stormguard.sim.salenight import SaleNight
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "simulation.md").read_text("utf-8")
+    rows = SaleNight(results={}, figures=night["figures"]).table()
+    for label, simulated, _documents, _diff in rows:
+        assert f"| {simulated} |" in doc, (label, simulated)

@@ -185,3 +185,16 @@ def test_the_same_seed_gives_the_same_run() -> None:
     a, b, c = scenario(**kw), scenario(**kw), scenario(**kw, seed=2)
     assert a.summary() == b.summary()
     assert a.summary() != c.summary()
+
+
+@settings(max_examples=8, deadline=None)
+@given(capacity=st.integers(20, 300), rate=st.integers(10, 600))
+def test_a_dependency_never_serves_more_than_its_capacity(capacity: int, rate: int) -> None:
+    r = scenario(duration=6, rate=rate, process="poisson",
+                 deps={"p": {"latency": "20ms", "capacity": capacity}}, steps=[{"call": "p"}])
+    served = r.series.counts["dep:p:ok"][:6]
+    # one turn every 1/capacity s: at most capacity (+1 at a bucket edge) per second
+    assert max(served) <= capacity + 1, served
+    if rate < capacity * 0.8:  # under capacity every call is answered in about 20 ms
+        mean = r.series.total("req:latency_us", 1, 5) / r.series.total("req:success", 1, 5)
+        assert mean < 0.02e6 + 1e6 / capacity * 5

@@ -203,3 +203,25 @@ def test_a_breaker_and_timeout_run_unchanged_inside_tasks() -> None:
     assert log == [(1.0, "timed out"), (1.0, "timed out"), (1.5, "CircuitOpen")]
     assert breaker.state == "open"
     assert isinstance(greenlet.getcurrent(), greenlet.greenlet)
+
+
+def test_reused_workers_start_each_task_in_a_fresh_context() -> None:
+    """Worker greenlets are reused; a context variable left set by one task (a bug in
+    the code it runs) is not seen by the next one."""
+    import contextvars
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+    eng, clock = new_engine()
+    seen: list[str] = []
+
+    def leaky(i: int) -> None:
+        seen.append(var.get())
+        var.set(f"left by {i}")  # never reset
+        clock.sleep(0.1)
+        seen.append(var.get())  # its own value survives its own sleep
+
+    for i in range(3):
+        eng.call_at(float(i), spawn, eng, clock, leaky, i)
+    eng.run()
+    assert seen == ["unset", "left by 0", "unset", "left by 1", "unset", "left by 2"]
+    assert len(clock._idle) == 1  # one worker served all three, one after the other

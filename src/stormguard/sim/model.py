@@ -465,7 +465,7 @@ def _start_traffic(  # noqa: PLR0915 -- the closures of one traffic source, toge
                 except Exception as exc:
                     waiter.complete(exc)
 
-            eng._now(start, clock, hop)
+            eng._fire_now(start, clock, hop)
             d = _current.get()
             if not waiter.wait(None if d is None else max(d.at - clock.monotonic(), 0.0)):
                 raise TimeoutError(f"{sname}: no answer before the deadline")
@@ -490,6 +490,10 @@ def _start_traffic(  # noqa: PLR0915 -- the closures of one traffic source, toge
 
     entry = top
 
+    rows = {o: series.row(tag) for o, tag in tags.items()}
+    latency = series.row(tag_latency)
+    inv_res, last = 1.0 / series.resolution, series.buckets - 1
+
     def request() -> None:
         started = clock.monotonic()
         try:
@@ -497,15 +501,10 @@ def _start_traffic(  # noqa: PLR0915 -- the closures of one traffic source, toge
         except Exception:
             outcome = "error"
         # counted in the bucket of its arrival: rates of the requests that arrived then
-        i = int(started / series._res)
-        row = series.counts.get(tags[outcome])
-        if row is None:
-            row = series.counts[tags[outcome]] = [0] * series.buckets
-        row[min(i, series.buckets - 1)] += 1
-        lat = series.counts.get(tag_latency)
-        if lat is None:
-            lat = series.counts[tag_latency] = [0] * series.buckets
-        lat[min(i, series.buckets - 1)] += int((clock.monotonic() - started) * 1e6)
+        i = int(started * inv_res)
+        i = min(i, last)
+        rows[outcome][i] += 1
+        latency[i] += int((clock.monotonic() - started) * 1e6)
 
     rate = _Rate(spec["arrival"]["rate"])
     poisson = spec["arrival"]["process"] == "poisson"
@@ -530,7 +529,7 @@ def _start_traffic(  # noqa: PLR0915 -- the closures of one traffic source, toge
         start(clock, request)
         t = next_time(eng.now)
         if t is not None and t <= duration:
-            eng._later(t - eng.now, arrive)
+            eng._fire_later(t - eng.now, arrive)
 
     first = next_time(0.0)
     if first is not None and first <= duration:

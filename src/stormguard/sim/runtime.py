@@ -59,7 +59,7 @@ class SimClock(FakeClock):
         if main is None or me is main or self.engine is None:
             raise RuntimeError("SimClock.sleep: only a simulated task may sleep "
                                "(time moves from event to event)")
-        self.engine._later(seconds if seconds > 0.0 else 0.0, me.switch)
+        self.engine._fire_later(seconds if seconds > 0.0 else 0.0, me.switch)
         main.switch()
 
 
@@ -99,7 +99,7 @@ def start(clock: SimClock, fn: Callable[..., object], *args: Any) -> None:
 
 def spawn(eng: Engine, clock: SimClock, fn: Callable[..., object], *args: Any) -> None:
     """Start ``fn(*args)`` as a simulated task now (after the events already due now)."""
-    eng._now(start, clock, fn, *args)
+    eng._fire_now(start, clock, fn, *args)
 
 
 class Waiter:
@@ -128,7 +128,7 @@ class Waiter:
         if self._task is not None:
             if self._timer is not None:
                 self._timer.cancel()
-            self._eng._now(self._task.switch, True)
+            self._eng._fire_now(self._task.switch, True)
 
     def _expire(self) -> None:
         if self.done:
@@ -301,7 +301,7 @@ class Pool:
         if self.queue:
             task = self.queue.popleft()
             self.queue_gauge.add(-1)
-            self._eng._now(task.switch)
+            self._eng._fire_now(task.switch)
             return
         self.busy -= 1
         self.gauge.add(-1)

@@ -35,6 +35,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from stormguard._core.deadline import _current
@@ -42,7 +43,7 @@ from stormguard._core.errors import TransientError
 from stormguard.observability.events import Event, StateChanged
 from stormguard.resilience import Retry, Timeout
 from stormguard.resilience._base import Policy
-from stormguard.resilience.pipeline import Pipeline
+from stormguard.resilience.pipeline.blocking import chain
 from stormguard.sim.engine import Engine
 from stormguard.sim.policies import FALLBACK, BuildContext, build_policies
 from stormguard.sim.runtime import (
@@ -433,11 +434,13 @@ def _all_full(svc: Service) -> float | None:
 
 
 def _wrap(policies: list[Policy], fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` under ``policies``: the chain ``Pipeline(*policies).call(fn)`` runs (the
+    same ``resilience.pipeline.blocking.chain`` of the policies' ``_sync`` flows), built
+    once with ``fn`` innermost, without ``Pipeline.call``'s argument packing per call."""
     if not policies:
         return fn
-    pipe = Pipeline(*policies)
-    call = pipe.call
-    return lambda: call(fn)
+    chained = chain(policies, lambda _fn, _args, _kwargs: fn())
+    return partial(chained, fn, (), {})
 
 
 def _start_traffic(  # noqa: PLR0915 -- the closures of one traffic source, together

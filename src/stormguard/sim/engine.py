@@ -176,6 +176,7 @@ class Engine:
         heap = self._heap
         pop = heapq.heappop
         clock = self.clock
+        monotonic, advance_to = clock.monotonic, clock._advance_to
         while heap:
             entry = heap[0]
             when = entry[0]
@@ -184,8 +185,8 @@ class Engine:
             pop(heap)
             handle = entry[2]
             if handle is None:  # the simulator's own event: nothing to cancel or repeat
-                if when > clock.monotonic():
-                    clock._advance_to(when)
+                if when > monotonic():
+                    advance_to(when)
                 self._live -= 1
                 self.events_run += 1
                 fn, args = entry[3]
@@ -193,8 +194,8 @@ class Engine:
                 continue
             if handle.cancelled:
                 continue
-            if when > clock.monotonic():
-                clock._advance_to(when)  # exactly `when`: no float drift from advance()
+            if when > monotonic():
+                advance_to(when)  # exactly `when`: no float drift from advance()
             interval = handle._interval
             if interval is None:
                 handle.cancelled = True  # it has run: cancel() is now a no-op

@@ -195,9 +195,17 @@ class Gauge:
 
     def add(self, delta: int) -> None:
         now = self._clock.monotonic()
-        self._flush(now)
+        last, res = self._last, self._res
+        i = int(now / res)
+        top = len(self.peak) - 1
+        i = min(i, top)
+        li = int(last / res)
+        if li == i or (i == top and li > top):  # the common case: the same bucket
+            self.area[i] += self.value * (now - last)
+            self._last = now
+        else:
+            self._flush(now)
         self.value += delta
-        i = min(int(now / self._res), len(self.peak) - 1)
         self.peak[i] = max(self.peak[i], self.value)
 
     def close(self, now: float) -> None:

@@ -13,15 +13,27 @@ import html
 import io
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stormguard.sim.model import Result
 
-__all__ = ["Panel", "html_report", "plot", "result_panels", "result_text"]
+__all__ = ["Panel", "Report", "html_report", "plot", "result_panels", "result_text"]
 
 # (title, y label, log scale, lines: (label, xs, ys))
 Panel = tuple[str, str, bool, list[tuple[str, list[float], list[float]]]]
+
+
+@dataclass
+class Report:
+    """What ``stormguard simulate NAME`` prints and draws for a built-in simulation."""
+
+    title: str
+    text: str
+    figures: dict[str, Any]
+    panels: list[Panel]
+    scenarios: dict[str, str] = field(default_factory=dict)  # name -> description
 
 
 def _xs(r: Result) -> list[float]:

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stormguard.sim.model import Result, run
-from stormguard.sim.report import Panel, busy_line, calls_line, outcome_lines
+from stormguard.sim.report import Panel, Report, busy_line, calls_line, outcome_lines
 from stormguard.sim.scenario import Scenario, from_dict
 
-__all__ = ["DOCUMENTS", "SaleNight", "scenarios", "simulate"]
+__all__ = ["DOCUMENTS", "SaleNight", "report", "scenario", "scenarios", "simulate"]
 
 SLOWDOWN_AT = 5.0
 
@@ -243,3 +243,11 @@ def simulate(progress: Callable[[str], None] | None = None) -> SaleNight:
 def scenario(name: str) -> Scenario:
     """One scenario of the suite, validated."""
     return from_dict(copy.deepcopy(scenarios()[name]))
+
+
+def report() -> Report:
+    """The suite as ``stormguard simulate sale-night`` shows it."""
+    sn = simulate()
+    return Report(title="stormguard simulate sale-night", text=sn.text(), figures=sn.figures,
+                  panels=sn.panels(),
+                  scenarios={name: r.scenario.description for name, r in sn.results.items()})

@@ -118,3 +118,17 @@ def test_unwritable_output_exits_2(scenario_file: Path, tmp_path: Path,
     assert main(["simulate", str(scenario_file), "--plot",
                  str(tmp_path / "no" / "such" / "dir.png")]) == 2
     assert "cannot write" in capsys.readouterr().err
+
+
+def test_the_shipped_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "simulate-checkout.yaml"
+    assert main(["simulate", str(example), "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["scenario"] == "checkout-night"
+    orders, cart = figures["traffic"]["orders"], figures["traffic"]["cart"]
+    # the SMS slowdown costs no order: the breaker and the bulkhead keep checkout going
+    assert orders["error_rate"] < 0.01
+    assert orders["fallback_rate"] > 0.3
+    assert cart["success_rate"] > 0.99
+    busy = figures["services"]["checkout"]
+    assert busy["busy_threads_peak"] < busy["threads_available"]

@@ -198,3 +198,23 @@ def test_a_dependency_never_serves_more_than_its_capacity(capacity: int, rate: i
     if rate < capacity * 0.8:  # under capacity every call is answered in about 20 ms
         mean = r.series.total("req:latency_us", 1, 5) / r.series.total("req:success", 1, 5)
         assert mean < 0.02e6 + 1e6 / capacity * 5
+
+
+def test_runs_are_the_same_in_every_process() -> None:
+    """Deterministic across interpreters (string hashing differs per process): the
+    documented figures are what every machine prints."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = ("import json; from stormguard.sim import salenight; from stormguard.sim.model "
+            "import run; print(json.dumps(run(salenight.scenario('with_budget')).summary()))")
+    outs = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=120, check=True)
+        outs.append(json.loads(done.stdout))
+    assert outs[0] == outs[1]
+    assert outs[0]["dependencies"]["sms"]["calls_per_s"] > 1000

@@ -163,10 +163,9 @@ class Dependency:
 
 
 # -- services --------------------------------------------------------------------------
-@dataclass
-class _Step:
-    work: float | None
-    call: Callable[[], Any] | None
+#: one step of an endpoint, ready to run: ``partial(clock.sleep, work)`` or a dependency
+#: call under its policies; a step answering FALLBACK served the request degraded
+_Step = Callable[[], object]
 
 
 class Instance:
@@ -176,7 +175,7 @@ class Instance:
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
-        self.endpoints: dict[str, list[_Step]] = {}
+        self.endpoints: dict[str, tuple[_Step, ...]] = {}
 
 
 class Service:
@@ -206,12 +205,8 @@ def _handle(inst: Instance, endpoint: str, clock: SimClock) -> str:
     outcome = "success"
     try:
         for step in inst.endpoints[endpoint]:
-            if step.work is not None:
-                clock.sleep(step.work)
-            else:
-                assert step.call is not None
-                if step.call() is FALLBACK:
-                    outcome = "fallback"
+            if step() is FALLBACK:
+                outcome = "fallback"
     finally:
         pool.release()
     return outcome
@@ -398,14 +393,14 @@ def run(scenario: Scenario, *, resolution: float = 1.0) -> Result:
                 steps: list[_Step] = []
                 for k, step in enumerate(espec["steps"]):
                     if "work" in step:
-                        steps.append(_Step(float(step["work"]), None))
+                        steps.append(partial(clock.sleep, float(step["work"])))
                         continue
                     dep = deps[step["call"]]
                     where = f"services.{sname}.endpoints.{ename}.steps[{k}].policies"
                     policies = build_policies(step.get("policies", []), ctx, where,
                                               dependency=step["call"])
-                    steps.append(_Step(None, _wrap(policies, dep.call)))
-                inst.endpoints[ename] = steps
+                    steps.append(_wrap(policies, dep.call))
+                inst.endpoints[ename] = tuple(steps)
             svc.instances.append(inst)
         services[sname] = svc
 

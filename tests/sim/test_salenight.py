@@ -1,4 +1,4 @@
-"""`stormguard simulate sale-night`: the figures beside the documents' arithmetic.
+"""`stormguard simulate sale-night`: the figures beside the classic arithmetic.
 
 One run of the command (about 350,000 simulated requests, real policies) feeds every
 assertion: the JSON figures, the HTML report and the PNG.
@@ -89,7 +89,7 @@ def test_the_json_has_the_documented_shape(night: dict[str, Any]) -> None:
                                      "with_budget_per_s"}
     assert isinstance(f["breaker_opened_after_s"], float)
     assert set(f["bulkhead"]) >= {"payment_success_rate", "inventory_success_rate"}
-    assert f["documents"] == json.loads(json.dumps(DOCUMENTS))
+    assert f["arithmetic"] == json.loads(json.dumps(DOCUMENTS))
 
 
 def test_the_png_and_the_self_contained_html(night: dict[str, Any]) -> None:
@@ -102,7 +102,7 @@ def test_the_png_and_the_self_contained_html(night: dict[str, Any]) -> None:
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
     assert "<script" not in page
     assert "busy threads, SMS at 30 s" in page
-    assert "30,300" in page  # the documents' figure, beside the simulated one
+    assert "30,300" in page  # the arithmetic's figure, beside the simulated one
     figures = json.loads(re.search(r'<pre id="figures">(.*?)</pre>', page, re.S)
                          .group(1).replace("&quot;", '"'))  # type: ignore[union-attr]
     assert figures["threads"] == night["figures"]["threads"]
@@ -114,5 +114,5 @@ def test_the_docs_table_is_this_run(night: dict[str, Any]) -> None:
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "simulation.md").read_text("utf-8")
     rows = SaleNight(results={}, figures=night["figures"]).table()
-    for label, simulated, _documents, _diff in rows:
+    for label, simulated, _arithmetic, _diff in rows:
         assert f"| {simulated} |" in doc, (label, simulated)

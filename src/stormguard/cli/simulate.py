@@ -28,8 +28,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
         "simulate", help="capacity planning: run a scenario on the real policies in virtual time",
         description="Run a discrete-event simulation in virtual time with the real stormguard "
-        "policies: the built-in 'sale-night' (its figures beside the documents' arithmetic) "
-        "or a scenario file (YAML; --schema prints its JSON Schema).")
+        "policies: the built-in 'sale-night' (its figures beside the Little's-law and retry "
+        "arithmetic) or a scenario file (YAML; --schema prints its JSON Schema).")
     p.add_argument("scenario", nargs="?",
                    help=f"a built-in simulation ({', '.join(BUILTIN)}) or a scenario file")
     p.add_argument("--plot", metavar="PNG", help="write busy threads, calls/s and outcomes "

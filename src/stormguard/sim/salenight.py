@@ -2,7 +2,7 @@
 
 Checkout runs on 4 instances of 200 threads (800 in all) and takes 1,000 orders/s
 (Poisson). An order holds its thread for 0.1 s of its own work, a payment call
-(0.12 s) and an inventory call (0.08 s): 0.3 s, the documents' figure. Then it
+(0.12 s) and an inventory call (0.08 s): 0.3 s, the arithmetic's figure. Then it
 sends a confirmation SMS. The provider answers in 5 ms normally; at ``t = 5 s`` it
 slows to 30 s (or, for the retry storm, fails every call in 20 ms).
 
@@ -27,7 +27,7 @@ __all__ = ["DOCUMENTS", "SaleNight", "report", "scenario", "scenarios", "simulat
 
 SLOWDOWN_AT = 5.0
 
-#: The documents' own arithmetic, for the table and the tests.
+#: The classic arithmetic (Little's law, retry multiplication), for the table and tests.
 DOCUMENTS: dict[str, Any] = {
     "threads": {"available": 800, "normal": 300, "slow_dependency": 30_300,
                 "with_timeout": 1_300, "breaker_open": 300},
@@ -126,7 +126,7 @@ class SaleNight:
     figures: dict[str, Any] = field(default_factory=dict)
 
     def table(self) -> list[tuple[str, str, str, str]]:
-        """(figure, simulated, documents, difference) rows."""
+        """(figure, simulated, arithmetic, difference) rows."""
         f, d = self.figures, DOCUMENTS
         rows: list[tuple[str, str, str, str]] = []
 
@@ -177,7 +177,7 @@ class SaleNight:
                  outcome_lines(r["breaker"], "orders"))]
 
     def text(self) -> str:
-        rows = [("figure", "simulated", "documents", "difference"), *self.table()]
+        rows = [("figure", "simulated", "arithmetic", "difference"), *self.table()]
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
         lines = []
         for k, r in enumerate(rows):
@@ -235,7 +235,7 @@ def simulate(progress: Callable[[str], None] | None = None) -> SaleNight:
                      "cart_success_rate": round(pool.outcome_rates("cart")["success"], 4),
                      "orders_queued_mean": round(pool.queued["checkout"].mean(*pool.window()),
                                                  1)},
-        "documents": DOCUMENTS,
+        "arithmetic": DOCUMENTS,
     }
     return SaleNight(results=results, figures=figures)
 

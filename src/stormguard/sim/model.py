@@ -154,7 +154,8 @@ class Dependency:
             abandoned[b] += 1
             raise TimeoutError(f"{self.name}: no answer before the deadline")
         clock.sleep(answer_at - now)
-        b = min(int(clock.monotonic() * self._inv_res), self._last)
+        b = int(clock.monotonic() * self._inv_res)
+        b = min(b, self._last)
         if failed:
             err[b] += 1
             raise DependencyDown(f"{self.name}: 503")
@@ -522,12 +523,24 @@ def _start_traffic(  # noqa: PLR0915 -- the closures of one traffic source, toge
                     return t
         return rate.advance(t)
 
+    arrivals = series.row(tag_arrivals)
+    fire_later, monotonic = eng._fire_later, clock.monotonic
+    steady = poisson and len(rate.points) == 1 and rate.peak > 0
+    expovariate, peak = rng.expovariate, rate.peak
+
     def arrive() -> None:
-        series.add(tag_arrivals)
+        now = monotonic()
+        i = int(now * inv_res)
+        arrivals[i if i < last else last] += 1
         start(clock, request)
-        t = next_time(eng.now)
+        if steady:  # the common case, a constant Poisson rate: one draw
+            gap = expovariate(peak)
+            if now + gap <= duration:
+                fire_later(gap, arrive)
+            return
+        t = next_time(now)
         if t is not None and t <= duration:
-            eng._fire_later(t - eng.now, arrive)
+            fire_later(t - now, arrive)
 
     first = next_time(0.0)
     if first is not None and first <= duration:

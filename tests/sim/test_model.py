@@ -218,3 +218,21 @@ def test_runs_are_the_same_in_every_process() -> None:
         outs.append(json.loads(done.stdout))
     assert outs[0] == outs[1]
     assert outs[0]["dependencies"]["sms"]["calls_per_s"] > 1000
+
+
+def test_requests_still_in_flight_end_with_the_run() -> None:
+    """A run that ends with requests waiting (a 10 s dependency, 5 s run) ends them: no
+    suspended task outlives it, and the figures are those of the run."""
+    import gc
+
+    import greenlet
+
+    r = scenario(duration=5, rate=100, threads=10, deps={"p": {"latency": "10s"}},
+                 steps=[{"call": "p", "policies": [{"timeout": "8s"}]}])
+    assert r.busy_threads("svc", 1, 5) == 10.0  # every thread held, the rest queued
+    assert r.queued["svc"].value > 300
+    gc.collect()
+    suspended = [o for o in gc.get_objects()
+                 if isinstance(o, greenlet.greenlet) and o and not o.dead
+                 and o is not greenlet.getcurrent()]
+    assert suspended == []

@@ -409,6 +409,7 @@ def run(scenario: Scenario, *, resolution: float = 1.0) -> Result:
         _start_traffic(eng, clock, t, services, series, random.Random(master.random()),
                        scenario.duration)
     eng.run(until=scenario.duration)
+    clock.stop_tasks()  # requests still in flight end here (their memory with them)
     for svc in services.values():
         svc.gauge.close(eng.now)
         svc.queue_gauge.close(eng.now)

@@ -45,6 +45,23 @@ class SimClock(FakeClock):
         self.engine: Engine | None = None
         self.main: greenlet.greenlet | None = None
         self._idle: list[greenlet.greenlet] = []  # worker greenlets waiting for a task
+        self._workers: list[greenlet.greenlet] = []  # every worker made
+
+    def stop_tasks(self) -> None:
+        """End every task still waiting (the run is over): each gets ``GreenletExit`` at
+        its wait, so its ``finally`` blocks run, at the current time; then the workers
+        are dropped. Without this, the tasks of a run live as long as its clock."""
+        if self.engine is not None:
+            self.engine._heap.clear()
+            self.engine._live = 0
+        for worker in self._workers:
+            if worker and not worker.dead:  # started and suspended
+                worker.throw(greenlet.GreenletExit)
+        if self.engine is not None:  # what the finally blocks scheduled will never run
+            self.engine._heap.clear()
+            self.engine._live = 0
+        self._workers.clear()
+        self._idle.clear()
 
     def _advance_to(self, when: float) -> None:
         # the engine's loop is the only writer (one thread): no lock needed
@@ -100,7 +117,9 @@ def start(clock: SimClock, fn: Callable[..., object], *args: Any) -> None:
     if idle:
         idle.pop().switch(fn, args)
         return
-    greenlet.greenlet(_worker, parent=clock.main).switch(clock, fn, args)
+    worker = greenlet.greenlet(_worker, parent=clock.main)
+    clock._workers.append(worker)
+    worker.switch(clock, fn, args)
 
 
 def spawn(eng: Engine, clock: SimClock, fn: Callable[..., object], *args: Any) -> None:

@@ -239,3 +239,62 @@ def test_requests_still_in_flight_end_with_the_run() -> None:
     assert r.busy_threads("svc", 1, 5) == 10.0  # every thread held, the rest queued
     assert r.queued["svc"].value > 300
     assert suspended() == before  # ~500 requests were waiting when the run ended
+
+
+def test_a_fixed_concurrency_limit_sheds_beyond_it() -> None:
+    r = scenario(duration=5, rate=100, instances=2, deps={"p": {"latency": "10s"}},
+                 steps=[{"call": "p", "policies": [{"fallback": {}},
+                                                   {"concurrency_limit": {"limit": 4}}]}])
+    assert r.series.total("calls:p") == 8  # 4 per instance got in; the rest were shed
+    assert r.outcome_rates("req", 1, 5)["fallback"] == 1.0
+
+
+def test_an_adaptive_concurrency_limit_shrinks_when_latency_queues() -> None:
+    """A provider of 100 calls/s offered 200/s: its latency grows with its queue, and
+    the adaptive limit sheds calls instead of queueing them all."""
+    kw: dict[str, Any] = {"duration": 20, "measure": (10, 20), "rate": 200,
+                          "process": "poisson"}
+    dep = {"p": {"latency": "20ms", "capacity": 100}}
+    plain = scenario(**kw, deps=dep, steps=[{"call": "p", "policies": [{"fallback": {}}]}])
+    limited = scenario(**kw, deps=dep, steps=[{"call": "p", "policies": [
+        {"fallback": {}}, {"concurrency_limit": {"adaptive": {"initial": 20, "max": 200}}}]}])
+    assert plain.outcome_rates("req")["fallback"] == 0.0
+
+    def answered(r: Result) -> float:  # of the requests that arrived in 10-20 s
+        done = sum(r.series.total(f"req:{o}", 10, 20) for o in ("success", "fallback", "error"))
+        return done / r.series.total("req:arrivals", 10, 20)
+
+    # without the limit, the queue only grows: most requests of 10-20 s are still waiting
+    # at 20 s; with it, every request is answered (served, or shed at once)
+    assert answered(plain) < 0.5
+    assert answered(limited) > 0.99
+    assert limited.outcome_rates("req")["fallback"] > 0.3
+    assert limited.outcome_rates("req")["success"] > 0.3
+
+
+def test_adaptive_throttle_stops_sending_to_a_rejecting_dependency() -> None:
+    r = scenario(duration=30, measure=(15, 30), rate=200,
+                 deps={"p": {"latency": "5ms", "error_rate": 1.0}},
+                 steps=[{"call": "p", "policies": [{"fallback": {}},
+                                                   {"adaptive_throttle": {"k": 2}}]}])
+    # every call fails: the throttle rejects most of them locally, without sending them
+    assert r.calls_per_s("p") < 0.2 * 200
+    assert r.outcome_rates("req")["fallback"] == 1.0
+
+
+def test_new_policies_validate_their_options() -> None:
+    from stormguard import ConfigError
+
+    def bad(policy: dict[str, Any]) -> ConfigError:
+        with pytest.raises(ConfigError) as info:
+            scenario(deps={"p": {"latency": "5ms"}},
+                     steps=[{"call": "p", "policies": [policy]}])
+        return info.value
+
+    where = "services.svc.endpoints.ep.steps[0].policies[0]"
+    assert bad({"concurrency_limit": {"limit": 0}}).field == f"{where}.concurrency_limit.limit"
+    assert bad({"concurrency_limit": {"adaptive": {"min": 5, "max": 2}}}).field == \
+        f"{where}.concurrency_limit.adaptive.max"
+    assert bad({"concurrency_limit": {"max_wait": 1}}).field == \
+        f"{where}.concurrency_limit.max_wait"
+    assert bad({"adaptive_throttle": {"k": 0.5}}).field == f"{where}.adaptive_throttle.k"

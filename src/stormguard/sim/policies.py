@@ -20,9 +20,12 @@ from typing import Any
 from stormguard._core import validate
 from stormguard._core.errors import ConfigError
 from stormguard.observability.events import Listener
+from stormguard.overload.limit import AdaptiveLimit
 from stormguard.resilience import (
+    AdaptiveThrottle,
     Bulkhead,
     CircuitBreaker,
+    ConcurrencyLimit,
     Fallback,
     Retry,
     RetryBudget,
@@ -104,6 +107,13 @@ def _build(where: str, make: Callable[[], Policy]) -> Policy:
         raise ConfigError(f"{where}.{exc.field}", exc.value, exc.problem) from None
 
 
+def _build_value(where: str, make: Callable[[], AdaptiveLimit]) -> AdaptiveLimit:
+    try:
+        return make()
+    except ConfigError as exc:
+        raise ConfigError(f"{where}.{exc.field}", exc.value, exc.problem) from None
+
+
 @register_policy("timeout")
 def _timeout(opts: Any, ctx: BuildContext, where: str, dep: str) -> Policy:
     if not isinstance(opts, dict):
@@ -150,6 +160,33 @@ def _bulkhead(opts: Any, ctx: BuildContext, where: str, dep: str) -> Policy:
         raise ConfigError(f"{where}.max_wait", o["max_wait"],
                           "the simulator runs bulkheads that reject at once: must be 0")
     return _build(where, lambda: Bulkhead(**o, clock=ctx.clock, name=f"{dep}.bulkhead"))
+
+
+@register_policy("concurrency_limit")
+def _concurrency(opts: Any, ctx: BuildContext, where: str, dep: str) -> Policy:
+    o = _options(opts, where, {"limit": "int", "adaptive": "any", "max_wait": "duration0",
+                               "retry_after": "duration0"})
+    if o.get("max_wait", 0.0) != 0.0:
+        raise ConfigError(f"{where}.max_wait", o["max_wait"],
+                          "the simulator runs limits that reject at once: must be 0")
+    if "limit" in o and "adaptive" in o:
+        raise ConfigError(f"{where}.adaptive", opts["adaptive"],
+                          "give either limit (fixed) or adaptive, not both")
+    limit: AdaptiveLimit | int | None = o.pop("limit", None)
+    if "adaptive" in o:
+        a = _options(o.pop("adaptive"), f"{where}.adaptive",
+                     {"initial": "int", "min": "int", "max": "int", "tolerance": "number",
+                      "window": "duration", "min_samples": "int"})
+        limit = _build_value(f"{where}.adaptive", lambda: AdaptiveLimit(**a))
+    return _build(where, lambda: ConcurrencyLimit(limit, **o, clock=ctx.clock,
+                                                  name=f"{dep}.concurrency"))
+
+
+@register_policy("adaptive_throttle")
+def _throttle(opts: Any, ctx: BuildContext, where: str, dep: str) -> Policy:
+    o = _options(opts, where, {"k": "number", "window": "duration"})
+    return _build(where, lambda: AdaptiveThrottle(**o, rng=random.Random(ctx.rng.random()),
+                                                  clock=ctx.clock, name=f"{dep}.throttle"))
 
 
 @register_policy("fallback")

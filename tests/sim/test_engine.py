@@ -224,7 +224,7 @@ def test_matches_a_sorted_reference(events: list[tuple[int, bool]], until: int) 
 
 
 def test_many_events_in_heap_order() -> None:
-    """O(log n): 200,000 events pending at once run in order (and fast)."""
+    """O(log n): 50,000 events pending at once run in order."""
     eng = Engine(FakeClock(monotonic_start=0.0))
     rng = random.Random(7)
     last = [-1.0]
@@ -235,8 +235,8 @@ def test_many_events_in_heap_order() -> None:
             bad[0] += 1
         last[0] = eng.now
 
-    for _ in range(200_000):
+    for _ in range(50_000):
         eng.call_at(rng.uniform(0, 1000), check)
     eng.run()
     assert bad[0] == 0
-    assert eng.events_run == 200_000
+    assert eng.events_run == 50_000

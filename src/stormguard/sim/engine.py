@@ -82,7 +82,10 @@ class Engine:
             raise TypeError(f"clock: must be a stormguard.testing.FakeClock "
                             f"(got {type(clock).__name__})")
         self.clock = clock
-        self._heap: list[tuple[float, int, Handle]] = []
+        # (time, sequence, handle, None) for the public calls; (time, sequence, None,
+        # (fn, args)) for the simulator's own events that are never cancelled (no handle
+        # to allocate). The sequence number is unique: tuples never compare past it.
+        self._heap: list[tuple[float, int, Handle | None, Any]] = []
         self._seq = 0
         self._live = 0  # events in the heap that are not cancelled
         self.events_run = 0
@@ -100,7 +103,7 @@ class Engine:
 
     def _push(self, handle: Handle) -> None:
         self._seq += 1
-        heapq.heappush(self._heap, (handle.when, self._seq, handle))
+        heapq.heappush(self._heap, (handle.when, self._seq, handle, None))
 
     def call_at(self, when: float, fn: Callable[..., object], *args: Any) -> Handle:
         """Run ``fn(*args)`` at virtual time ``when`` (at once if that is past)."""
@@ -118,6 +121,28 @@ class Engine:
         self._live += 1
         self._push(handle)
         return handle
+
+    def _later(self, delay: float, fn: Callable[..., object], *args: Any) -> Handle:
+        """:meth:`call_later` without the argument checks, for the simulator's own hot
+        path (``delay`` already a float >= 0)."""
+        handle = Handle(self, self.clock.monotonic() + delay, fn, args)
+        self._live += 1
+        self._seq += 1
+        heapq.heappush(self._heap, (handle.when, self._seq, handle, None))
+        return handle
+
+    def _fire_later(self, delay: float, fn: Callable[..., object], *args: Any) -> None:
+        """Run ``fn(*args)`` ``delay`` (a float >= 0) from now; no handle, no cancel."""
+        self._live += 1
+        self._seq += 1
+        heapq.heappush(self._heap, (self.clock.monotonic() + delay, self._seq, None,
+                                    (fn, args)))
+
+    def _fire_now(self, fn: Callable[..., object], *args: Any) -> None:
+        """Run ``fn(*args)`` now, after the events already due now; no handle."""
+        self._live += 1
+        self._seq += 1
+        heapq.heappush(self._heap, (self.clock.monotonic(), self._seq, None, (fn, args)))
 
     def every(self, interval: float, fn: Callable[..., object], *args: Any,
               start: float | None = None) -> Handle:
@@ -151,15 +176,26 @@ class Engine:
         heap = self._heap
         pop = heapq.heappop
         clock = self.clock
+        monotonic, advance_to = clock.monotonic, clock._advance_to
         while heap:
-            when, _, handle = heap[0]
+            entry = heap[0]
+            when = entry[0]
             if when > limit:
                 break
             pop(heap)
+            handle = entry[2]
+            if handle is None:  # the simulator's own event: nothing to cancel or repeat
+                if when > monotonic():
+                    advance_to(when)
+                self._live -= 1
+                self.events_run += 1
+                fn, args = entry[3]
+                fn(*args)
+                continue
             if handle.cancelled:
                 continue
-            if when > clock.monotonic():
-                clock._advance_to(when)  # exactly `when`: no float drift from advance()
+            if when > monotonic():
+                advance_to(when)  # exactly `when`: no float drift from advance()
             interval = handle._interval
             if interval is None:
                 handle.cancelled = True  # it has run: cancel() is now a no-op

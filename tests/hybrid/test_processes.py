@@ -91,6 +91,9 @@ def worker(i: int, url: str, barrier: Any, start: Any, out: Any) -> None:
             sent[name] += due
         caught_up = now  # every request due by `now` was sent
         time.sleep(0.002)  # real time: requests arrive over the run
+    deadline = time.time() + 10
+    while store.stats()["degraded"] and time.time() < deadline:
+        time.sleep(0.05)  # real time: the sync thread reconnects on its own (a loaded machine)
     out.put((i, admitted, denied, sent, store.stats(), caught_up, outage))
     store.close()
 
@@ -116,7 +119,7 @@ def test_eight_processes_on_one_redis_stay_within_3_percent() -> None:
         server.stop()  # SIGKILL
         time.sleep(max(0.0, t0 + RUN + WINDOW - time.time()))
         server.restart()  # the same port, empty (no persistence)
-        results = [out.get(timeout=60) for _ in procs]
+        results = [out.get(timeout=90) for _ in procs]
         for p in procs:
             p.join(timeout=10)
     finally:

@@ -13,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stormguard import AsyncRateLimiter, MemoryStore
-from stormguard.ratelimit.rules import RuleSet
 from stormguard.gateways import (
     EnvoyChecker,
     EnvoyConfigError,
@@ -24,6 +23,7 @@ from stormguard.gateways import (
 )
 from stormguard.gateways.rls import OK, OVER_LIMIT, RULES_DOMAIN, UNLIMITED_REMAINING
 from stormguard.observability.events import Event
+from stormguard.ratelimit.rules import RuleSet
 from stormguard.testing import FakeClock
 
 CONFIGS = Path(__file__).parent / "envoy_configs"
@@ -49,8 +49,10 @@ def test_every_readme_example_loads() -> None:
     limits = {lim.path: lim for lim in config.limits()}
     mongo = limits["mongo_cps.database_users"]
     assert (mongo.requests_per_unit, mongo.unit, mongo.unit_code) == (500, "second", 1)
-    assert mongo.rule is not None and mongo.rule.algorithm == "fixed_window"
-    assert limits["internal.ldap"].unlimited and limits["internal.ldap"].rule is None
+    assert mongo.rule is not None
+    assert mongo.rule.algorithm == "fixed_window"
+    assert limits["internal.ldap"].unlimited
+    assert limits["internal.ldap"].rule is None
     assert limits["edge_proxy_per_ip.remote_address_50.0.0.5"].blocked
 
 
@@ -85,7 +87,8 @@ async def test_two_levels_and_reset_duration() -> None:
         (OK, 20, 19)
     assert r.statuses[0].reset_after == pytest.approx(20.0)
     r = await c.check("rl", [(bar, 0)])
-    assert r.code == OVER_LIMIT and r.statuses[0].reset_after == pytest.approx(20.0)
+    assert r.code == OVER_LIMIT
+    assert r.statuses[0].reset_after == pytest.approx(20.0)
     # only the source level: no limit there
     r = await c.check("rl", [([("source_cluster", "proxy")], 0)])
     assert (r.code, r.statuses[0].kind) == (OK, "unknown")
@@ -266,7 +269,7 @@ def test_invalid_configuration_names_file_path_and_field(text: str, message: str
 
 
 def test_directory_errors(tmp_path: Path) -> None:
-    with pytest.raises(EnvoyConfigError, match="no \\*.yaml"):
+    with pytest.raises(EnvoyConfigError, match=r"no \*\.yaml"):
         load_envoy_config(tmp_path)
     (tmp_path / "a.yaml").write_text("domain: d\n")
     (tmp_path / "b.yml").write_text("domain: d\n")
@@ -283,9 +286,11 @@ def test_scalars_are_read_as_go_reads_them() -> None:
                                 "  - key: b\n    value: true\n    shadow_mode: yes\n"
                                 "    rate_limit: {unit: hour, requests_per_unit: 1}\n")
     lim = config.lookup("d", [("n", "10")])
-    assert lim is not None and (lim.unit, lim.requests_per_unit) == ("second", 3)
+    assert lim is not None
+    assert (lim.unit, lim.requests_per_unit) == ("second", 3)
     lim = config.lookup("d", [("b", "true")])
-    assert lim is not None and lim.shadow
+    assert lim is not None
+    assert lim.shadow
 
 
 _ALPHABET = st.sampled_from("ab*/")

@@ -68,7 +68,8 @@ def nginx_conf(tmp: Path, sg_port: int, app_port: int, closed: int, opened: int)
     upstream, server = config.split("\nserver {", 1)
     server = "server {" + server
     error_page, named = addition.strip().split("\n", 1)
-    assert error_page.startswith("error_page") and "location @stormguard_unreachable" in named
+    assert error_page.startswith("error_page")
+    assert "location @stormguard_unreachable" in named
     fail_open = server.replace("        internal;\n", f"        internal;\n        {error_page}\n")
     fail_open = fail_open.rstrip()[:-1] + "\n    " + named.strip() + "\n}\n"
     assert fail_open.count("@stormguard_unreachable") == 2
@@ -142,7 +143,8 @@ def test_nginx_auth_request(serve: Callable[..., Serve],
         assert 1 <= int(denied.headers["retry-after"]) <= 60
         assert denied.headers["ratelimit-policy"] == '"search-per-ip";q=2;w=60'
         assert "r=0" in denied.headers["ratelimit"]
-        assert upstream.seen.count("/search?q=0") == 1 and "/search?q=2" not in upstream.seen
+        assert upstream.seen.count("/search?q=0") == 1
+        assert "/search?q=2" not in upstream.seen
         # another path is not limited by that rule (the URI came through nginx's header)
         assert httpx.get(f"{closed}/about").status_code == 200
         # the same counters behind both server blocks

@@ -258,23 +258,7 @@ def serve_setup(args: argparse.Namespace) -> tuple[Any, Any]:
                         ", ".join(r.name for r in rules))
     if rules is not None and len(rules) == 0:
         log.warning("stormguard: the rules hold no rule: every check is allowed")
-    if proxies:
-        log.info("stormguard: /v1/auth believes X-Original-* / X-Real-IP from %s",
-                 ", ".join(proxies))
-    if args.grpc_port is not None:
-        from stormguard.gateways.grpc import RateLimitServer
-        from stormguard.gateways.rls import EnvoyChecker
-
-        checker = EnvoyChecker(limiter, envoy, app.service.source)
-        app.service.companions.append(RateLimitServer(
-            checker, args.grpc_port, args.host, headers=args.envoy_headers,
-            metrics=app.service.metrics))
-        if envoy is not None:
-            log.info("stormguard: Envoy configuration from %s: domains %s (%d limits)",
-                     args.envoy_config, ", ".join(sorted(envoy.domains)), len(envoy.limits()))
-        else:
-            log.info("stormguard: no --envoy-config: the gRPC service answers the domain "
-                     "'stormguard' from the rules, every other domain OK with no limit")
+    _gateways_setup(args, app, limiter, envoy, proxies)
     # h11 by default: it bounds the request line + headers (MAX_HEAD bytes, then 400 and
     # close; httptools reads headers of any size), and parses a pipelined request only
     # after the one before it was answered (httptools parses ahead: junk after a request
@@ -313,6 +297,28 @@ def _envoy_setup(args: argparse.Namespace) -> Any:
         return load_envoy_config(args.envoy_config)
     except ConfigError as exc:
         raise _Refused(f"--envoy-config: {exc}") from None
+
+
+def _gateways_setup(args: argparse.Namespace, app: Any, limiter: Any, envoy: Any,
+                    proxies: list[str]) -> None:
+    """Log the trusted proxies; add the gRPC rate-limit service to the app."""
+    if proxies:
+        log.info("stormguard: /v1/auth believes X-Original-* / X-Real-IP from %s",
+                 ", ".join(proxies))
+    if args.grpc_port is not None:
+        from stormguard.gateways.grpc import RateLimitServer
+        from stormguard.gateways.rls import EnvoyChecker
+
+        checker = EnvoyChecker(limiter, envoy, app.service.source)
+        app.service.companions.append(RateLimitServer(
+            checker, args.grpc_port, args.host, headers=args.envoy_headers,
+            metrics=app.service.metrics))
+        if envoy is not None:
+            log.info("stormguard: Envoy configuration from %s: domains %s (%d limits)",
+                     args.envoy_config, ", ".join(sorted(envoy.domains)), len(envoy.limits()))
+        else:
+            log.info("stormguard: no --envoy-config: the gRPC service answers the domain "
+                     "'stormguard' from the rules, every other domain OK with no limit")
 
 
 @contextlib.contextmanager

@@ -7,10 +7,8 @@ gRPC; :mod:`.grpc` (the server) needs the ``grpc`` extra (grpcio, xds-protos).
 
 from __future__ import annotations
 
-from .envoy import EnvoyConfig, EnvoyConfigError, EnvoyLimit, load_envoy_config, \
-    loads_envoy_config
-from .rls import DescriptorStatus, EnvoyChecker, EnvoyResult, ShadowOverLimit, \
-    UnknownDescriptor
+from .envoy import EnvoyConfig, EnvoyConfigError, EnvoyLimit, load_envoy_config, loads_envoy_config
+from .rls import DescriptorStatus, EnvoyChecker, EnvoyResult, ShadowOverLimit, UnknownDescriptor
 
 __all__ = ["DescriptorStatus", "EnvoyChecker", "EnvoyConfig", "EnvoyConfigError",
            "EnvoyLimit", "EnvoyResult", "ShadowOverLimit", "UnknownDescriptor",

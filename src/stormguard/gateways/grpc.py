@@ -65,7 +65,7 @@ class _Servicer(rls_pb2_grpc.RateLimitServiceServicer):  # type: ignore[misc]
     def __init__(self, server: RateLimitServer) -> None:
         self.server = server
 
-    async def ShouldRateLimit(self, request: Any, context: Any) -> Any:  # noqa: N802 (gRPC)
+    async def ShouldRateLimit(self, request: Any, context: Any) -> Any:
         s = self.server
         t0 = time.perf_counter()
         if not request.domain:

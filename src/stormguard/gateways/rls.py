@@ -168,7 +168,7 @@ class EnvoyChecker:
         items: list[_Item] = []
         matched: list[EnvoyLimit | None] = []
         rules = self._current_rules() if domain == RULES_DOMAIN else None
-        for entries, own in descriptors:
+        for entries, _own in descriptors:
             if len(entries) > MAX_ENTRIES:
                 raise ConfigError("entries", len(entries),
                                   f"at most {MAX_ENTRIES} entries per descriptor")
@@ -276,15 +276,11 @@ class EnvoyChecker:
         enforced = [it for it in items if not it.shadow]
         shadows = [it for it in items if it.shadow]
         degraded = False
-        binding: Decision | None = None
         denied: Decision | None = None
         blocked = any(st.code == OVER_LIMIT for st in statuses)
         decisions: dict[int, Decision] = {}
         # all or nothing: peek every enforced limit but the first, then charge in order
-        if blocked:
-            peeks = enforced
-        else:
-            peeks = enforced[1:] if len(enforced) > 1 else []
+        peeks = enforced if blocked else enforced[1:]
         for it in peeks:
             d = await self._call(False, it)
             degraded = degraded or d.degraded
@@ -305,6 +301,22 @@ class EnvoyChecker:
             d = await self._call(charge_shadows, it)
             degraded = degraded or d.degraded
             decisions[id(it)] = d
+        binding = self._statuses(items, statuses, decisions)
+        if denied is not None:
+            binding = denied
+        if binding is None:
+            shadow_ds = [decisions[id(it)] for it in shadows if id(it) in decisions]
+            binding = next((d for d in shadow_ds if not d.allowed),
+                           shadow_ds[0] if shadow_ds else None)
+        code = OVER_LIMIT if any(st.code == OVER_LIMIT for st in statuses) else OK
+        return EnvoyResult(code, statuses, binding, degraded)
+
+    @staticmethod
+    def _statuses(items: list[_Item], statuses: list[DescriptorStatus],
+                  decisions: dict[int, Decision]) -> Decision | None:
+        """Fill each descriptor's status from the tightest decision of its items; the
+        binding enforced decision (a denial, else the least remaining)."""
+        binding: Decision | None = None
         # one status per descriptor: the tightest decision of its items
         for it in items:
             d = decisions.get(id(it))
@@ -327,14 +339,7 @@ class EnvoyChecker:
             if not it.shadow and (binding is None or not d.allowed
                                   or (binding.allowed and d.remaining < binding.remaining)):
                 binding = d
-        if denied is not None:
-            binding = denied
-        if binding is None:
-            shadow_ds = [decisions[id(it)] for it in shadows if id(it) in decisions]
-            binding = next((d for d in shadow_ds if not d.allowed),
-                           shadow_ds[0] if shadow_ds else None)
-        code = OVER_LIMIT if any(st.code == OVER_LIMIT for st in statuses) else OK
-        return EnvoyResult(code, statuses, binding, degraded)
+        return binding
 
     def check_result(self, result: EnvoyResult) -> CheckResult:
         """The answer as the service's :class:`CheckResult` (for its metrics)."""

@@ -18,9 +18,9 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from stormguard.integrations.asgi import check_async_limiter
+from stormguard.integrations.clientip import ClientIP
 from stormguard.ratelimit.limiter import AsyncRateLimiter, RateLimiter
 from stormguard.ratelimit.rules import RuleSet, RuleSpec
-from stormguard.integrations.clientip import ClientIP
 from stormguard.service.admin import AdminEndpoints
 from stormguard.service.auth import AUTH_METHODS, AuthEndpoints
 from stormguard.service.check import MAX_BATCH, CheckEndpoints

@@ -67,7 +67,7 @@ class AuthEndpoints(CheckEndpoints):
                 values["ip"] = peer
         else:
             if not self._untrusted_warned and any(h.get(x) for x in AUTH_HEADERS.values()):
-                type(self)._untrusted_warned = True
+                self._untrusted_warned = True
                 log.warning("stormguard: /v1/auth: X-Original-* / X-Real-IP headers from %s "
                             "ignored: it is not a trusted proxy (serve --trusted-proxies, "
                             "STORMGUARD_TRUSTED_PROXIES); the request is judged by its peer "

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -113,7 +112,8 @@ def test_compose_runs_the_same_command() -> None:
     env = sg["environment"]
     _real_serve_env(env)
     assert env["STORMGUARD_STORE"].startswith("redis://redis:")
-    assert "redis" in doc["services"] and "redis" in sg["depends_on"]
+    assert "redis" in doc["services"]
+    assert "redis" in sg["depends_on"]
     assert sg["ports"] == [f"{env['STORMGUARD_PORT']}:{env['STORMGUARD_PORT']}",
                            f"{env['STORMGUARD_GRPC_PORT']}:{env['STORMGUARD_GRPC_PORT']}"]
     mounts = {m.split(":")[1]: m.split(":")[0] for m in sg["volumes"]}

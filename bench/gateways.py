@@ -153,7 +153,7 @@ async def grpc_target(port: int, args: argparse.Namespace) -> tuple[float, float
         async def call(i: int) -> None:
             await stub.ShouldRateLimit(requests[i], timeout=10)
 
-        return await load(call, args.streams, args.duration, 1.0)
+        return await load(call, args.streams, args.duration, args.warmup)
 
 
 async def http_target(port: int, args: argparse.Namespace) -> tuple[float, float, float]:
@@ -176,7 +176,7 @@ async def http_target(port: int, args: argparse.Namespace) -> tuple[float, float
         free.put_nowait((reader, writer))
 
     try:
-        return await load(call, args.streams, args.duration, 1.0)
+        return await load(call, args.streams, args.duration, args.warmup)
     finally:
         for _, writer in conns:
             writer.close()
@@ -241,6 +241,7 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=5.0)
     ap.add_argument("--streams", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (best kept)")
+    ap.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring")
     ap.add_argument("--in-process", type=int, default=20_000, metavar="N",
                     help="calls of the in-process measurement")
     args = ap.parse_args()
@@ -263,8 +264,10 @@ def main() -> None:
     print(f"\nin-process, no sockets: the descriptor check {check_us:.1f} µs/call, with the "
           f"protobuf response {full_us:.1f} µs/call")
     g = best["grpc/ShouldRateLimit (serve, memory store)"][0]
-    print(f"\nShouldRateLimit / bare gRPC: {g / best['grpc/bare (constant OK, no limiter)'][0]:.2f}"
-          f"x; ShouldRateLimit / HTTP /v1/check: {g / best['http/v1/check (same serve process)'][0]:.2f}x")
+    bare = best["grpc/bare (constant OK, no limiter)"][0]
+    http = best["http/v1/check (same serve process)"][0]
+    print(f"\nShouldRateLimit / bare gRPC: {g / bare:.2f}x; "
+          f"ShouldRateLimit / HTTP /v1/check: {g / http:.2f}x")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ def test_gateways_benchmark(monkeypatch: pytest.MonkeyPatch,
                             capsys: pytest.CaptureFixture[str]) -> None:
     path = ROOT / "bench" / "gateways.py"
     monkeypatch.setattr(sys, "argv", [str(path), "--duration", "0.3", "--rounds", "1",
-                                      "--streams", "4", "--in-process", "200"])
+                                      "--streams", "4", "--in-process", "200",
+                                      "--warmup", "0.1"])
     runpy.run_path(str(path), run_name="__main__")
     out = capsys.readouterr().out
     assert out.count("| grpc/") == 2

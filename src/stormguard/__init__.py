@@ -33,6 +33,7 @@ from stormguard.resilience.pipeline import Pipeline
 from stormguard.stores import MemoryStore, Store
 
 if TYPE_CHECKING:
+    from stormguard.gateways import EnvoyChecker, load_envoy_config
     from stormguard.stores.redis import RedisClusterStore, RedisStore
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "ConfigError",
     "DeadlineExceeded",
     "Decision",
+    "EnvoyChecker",
     "Fallback",
     "MemoryStore",
     "Pipeline",
@@ -62,6 +64,7 @@ __all__ = [
     "SystemClock",
     "Timeout",
     "TransientError",
+    "load_envoy_config",
 ]
 
 __version__ = "0.1.0"
@@ -73,4 +76,8 @@ def __getattr__(name: str) -> Any:
         from stormguard.stores import redis as _redis
 
         return getattr(_redis, name)
+    if name in ("EnvoyChecker", "load_envoy_config"):  # the gateways: on first use
+        from stormguard import gateways as _gateways
+
+        return getattr(_gateways, name)
     raise AttributeError(f"module 'stormguard' has no attribute {name!r}")

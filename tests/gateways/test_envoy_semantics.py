@@ -5,6 +5,7 @@ mode, requests_per_unit 0, hits_addend, the limit override, all or nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 
@@ -306,3 +307,38 @@ def test_wildcard_matches_like_a_glob(pattern: str, value: str) -> None:
                                 "    rate_limit: {unit: second, requests_per_unit: 1}\n")
     expected = re.fullmatch(".*".join(map(re.escape, pattern.split("*"))), value) is not None
     assert (config.lookup("d", [("k", value)]) is not None) == expected
+
+
+
+_REQUEST = st.lists(st.tuples(st.sampled_from(["users", "default"]),
+                              st.integers(min_value=0, max_value=260)),
+                    min_size=1, max_size=3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(requests=st.lists(_REQUEST, min_size=1, max_size=25))
+def test_all_or_nothing_against_a_model(requests: list[list[tuple[str, int]]]) -> None:
+    """Random multi-descriptor requests on two 500-a-second counters, in one window: a
+    request passes exactly when every counter has room for its whole cost (a descriptor
+    repeated in a request counts as often as it appears), and a denied request charges
+    nothing at all."""
+    c = _checker(FakeClock(start=1_700_000_040.0))
+    used = {"users": 0, "default": 0}
+
+    async def run() -> None:
+        for req in requests:
+            result = await c.check("mongo_cps", [([("database", db)], hits)
+                                                 for db, hits in req])
+            want: dict[str, int] = {}
+            for db, hits in req:
+                want[db] = want.get(db, 0) + (hits or 1)
+            fits = all(used[db] + n <= 500 for db, n in want.items())
+            assert result.code == (OK if fits else OVER_LIMIT), (req, used)
+            if fits:
+                for db, n in want.items():
+                    used[db] += n
+            for st_, (db, _) in zip(result.statuses, req, strict=True):
+                if fits:
+                    assert st_.remaining == 500 - used[db]
+
+    asyncio.run(run())

@@ -193,5 +193,6 @@ def test_invalid_envoy_config_is_refused_at_start(tmp_path: Path) -> None:
 def test_grpc_port_in_use_fails_to_start(serve: Callable[..., Serve]) -> None:
     first = serve()
     r = _serve_fails("--grpc-port", str(first.grpc_port))
-    assert r.returncode != 0
-    assert "cannot serve gRPC" in r.stderr
+    assert r.returncode == 4  # EXIT_LISTEN, as for the HTTP port
+    assert f"could not serve gRPC on 127.0.0.1:{first.grpc_port}" in r.stderr
+    assert "Traceback" not in r.stderr

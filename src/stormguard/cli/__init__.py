@@ -299,6 +299,23 @@ def _envoy_setup(args: argparse.Namespace) -> Any:
         raise _Refused(f"--envoy-config: {exc}") from None
 
 
+def _check_port_free(host: str, port: int) -> None:
+    """Refuse a gRPC port that another process holds, before serving starts (the gRPC
+    server binds it only in the app's start-up, where a failure is a traceback)."""
+    import socket
+
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise _Refused(f"could not serve gRPC on {host}:{port}: {exc.strerror or exc} "
+                           "(is the port in use?)", EXIT_LISTEN) from None
+
+
 def _gateways_setup(args: argparse.Namespace, app: Any, limiter: Any, envoy: Any,
                     proxies: list[str]) -> None:
     """Log the trusted proxies; add the gRPC rate-limit service to the app."""
@@ -307,6 +324,8 @@ def _gateways_setup(args: argparse.Namespace, app: Any, limiter: Any, envoy: Any
                  ", ".join(proxies))
     if args.grpc_port is not None:
         from stormguard.gateways.grpc import RateLimitServer
+
+        _check_port_free(args.host, args.grpc_port)
         from stormguard.gateways.rls import EnvoyChecker
 
         checker = EnvoyChecker(limiter, envoy, app.service.source)

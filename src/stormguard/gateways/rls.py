@@ -99,12 +99,24 @@ class EnvoyResult:
 
 @dataclass(slots=True)
 class _Item:
-    index: int
+    """One store counter of a request; ``indices``: the descriptors it answers (the same
+    counter named twice in one request is one item of the summed cost)."""
+
+    indices: list[int]
     key: str
     rule: Rule
     cost: int
-    limit: EnvoyLimit | None
     shadow: bool
+
+
+def _add(items: list[_Item], index: int, key: str, rule: Rule, cost: int,
+         shadow: bool) -> None:
+    for it in items:
+        if it.key == key and it.rule.id == rule.id and it.shadow == shadow:
+            it.cost += cost
+            it.indices.append(index)
+            return
+    items.append(_Item([index], key, rule, cost, shadow))
 
 
 @dataclass(slots=True)
@@ -200,7 +212,7 @@ class EnvoyChecker:
                 statuses.append(self._blocked_status(lim))
                 continue
             statuses.append(DescriptorStatus(OK, lim, kind="ok"))
-            items.append(_Item(i, key, lim.rule, cost, lim, lim.shadow))
+            _add(items, i, key, lim.rule, cost, lim.shadow)
         result = await self._run(items, statuses)
         for st in statuses:
             kind = st.kind
@@ -231,7 +243,7 @@ class EnvoyChecker:
         if not plan:
             return False
         for key, spec in plan:
-            items.append(_Item(index, key, spec.rule, cost, None, spec.shadow))
+            _add(items, index, key, spec.rule, cost, spec.shadow)
         return True
 
     def _override(self, domain: str, entries: Sequence[tuple[str, str]], rpu: int,
@@ -322,20 +334,8 @@ class EnvoyChecker:
             d = decisions.get(id(it))
             if d is None:
                 continue
-            st = statuses[it.index]
-            prev = st.decision
-            if prev is not None and (not prev.allowed or
-                                     (d.allowed and prev.remaining <= d.remaining)):
-                continue
-            st.decision = d
-            st.remaining = d.remaining if d.remaining > 0 else 0
-            st.reset_after = d.reset_after if d.allowed else max(d.retry_after, 0.0)
-            if not d.allowed:
-                st.kind = "over_limit"
-                if it.shadow:
-                    st.kind = "shadow_over_limit"
-                else:
-                    st.code = OVER_LIMIT
+            for index in it.indices:
+                _status(statuses[index], d, it.shadow)
             if not it.shadow and (binding is None or not d.allowed
                                   or (binding.allowed and d.remaining < binding.remaining)):
                 binding = d
@@ -346,6 +346,22 @@ class EnvoyChecker:
         d = result.decision
         shadow = d is not None and result.code == OK and not d.allowed
         return CheckResult(result.code == OK, d, shadow, [], result.degraded, [])
+
+
+def _status(st: DescriptorStatus, d: Decision, shadow: bool) -> None:
+    """Keep the tightest decision for a descriptor (a denial, else the least remaining)."""
+    prev = st.decision
+    if prev is not None and (not prev.allowed or (d.allowed and prev.remaining <= d.remaining)):
+        return
+    st.decision = d
+    st.remaining = d.remaining if d.remaining > 0 else 0
+    st.reset_after = d.reset_after if d.allowed else max(d.retry_after, 0.0)
+    if not d.allowed:
+        st.kind = "over_limit"
+        if shadow:
+            st.kind = "shadow_over_limit"
+        else:
+            st.code = OVER_LIMIT
 
 
 def unit_code(unit: str) -> int:

@@ -3,6 +3,7 @@ by a gRPC client built from the xds-protos stubs (as Envoy asks it)."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import threading
@@ -16,6 +17,7 @@ import pytest
 from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 
+from stormguard.cli import main
 from tests.gateways.conftest import CONFIGS, Serve, serve_env
 from tests.redis_servers import free_port, start_redis
 
@@ -181,18 +183,30 @@ def test_invalid_envoy_config_is_refused_at_start(tmp_path: Path) -> None:
     assert "Traceback" not in r.stderr
     assert f"{bad / 'broken.yaml'}: descriptors[0].descriptors[0] (key 'b').rate_limit.unit: " \
         "invalid unit 'fortnight'" in r.stderr
-    r = _serve_fails("--envoy-config", str(CONFIGS))
-    assert r.returncode == 2
-    assert "--envoy-config needs --grpc-port" in r.stderr
-    r = _serve_fails("--grpc-port", "99999")
-    assert r.returncode == 2
-    assert "port must be 0..65535" in r.stderr
 
 
-@pytest.mark.slow
-def test_grpc_port_in_use_fails_to_start(serve: Callable[..., Serve]) -> None:
-    first = serve()
-    r = _serve_fails("--grpc-port", str(first.grpc_port))
-    assert r.returncode == 4  # EXIT_LISTEN, as for the HTTP port
-    assert f"could not serve gRPC on 127.0.0.1:{first.grpc_port}" in r.stderr
-    assert "Traceback" not in r.stderr
+def test_envoy_flags_are_checked_before_serving(capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused in ``serve``'s set-up (the same code path as above, in this process)."""
+    port = str(free_port())
+    assert main(["serve", "--port", port, "--envoy-config", str(CONFIGS)]) == 2
+    assert "--envoy-config needs --grpc-port" in capsys.readouterr().err
+    assert main(["serve", "--port", port, "--envoy-headers"]) == 2
+    assert "--envoy-headers needs --grpc-port" in capsys.readouterr().err
+    assert main(["serve", "--port", port, "--grpc-port", port]) == 2
+    assert "a port of its own" in capsys.readouterr().err
+    assert main(["serve", "--port", port, "--grpc-port", "99999"]) == 2
+    assert "port must be 0..65535" in capsys.readouterr().err
+    assert main(["serve", "--port", port, "--grpc-port", str(free_port()), "--envoy-config",
+                 str(CONFIGS / "missing")]) == 2
+    assert "no such file or directory" in capsys.readouterr().err
+
+
+def test_grpc_port_in_use_fails_to_start(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert main(["serve", "--port", str(free_port()), "--grpc-port", str(port)]) == 4
+    err = capsys.readouterr().err
+    assert f"could not serve gRPC on 127.0.0.1:{port}" in err  # EXIT_LISTEN, as for --port
+    assert "Traceback" not in err

@@ -289,6 +289,9 @@ def _envoy_setup(args: argparse.Namespace) -> Any:
     except ImportError as exc:
         raise _Refused(f"--grpc-port needs grpcio and xds-protos (the 'grpc' extra): {exc}"
                        ) from None
+    if args.grpc_port == args.port and args.port != 0:
+        raise _Refused(f"--grpc-port {args.grpc_port}: the HTTP port (--port) already; give "
+                       "the gRPC service a port of its own")
     if args.envoy_config is None:
         return None
     from stormguard.gateways.envoy import load_envoy_config

@@ -336,7 +336,11 @@ def _gateways_setup(args: argparse.Namespace, app: Any, limiter: Any, envoy: Any
             checker, args.grpc_port, args.host, headers=args.envoy_headers,
             metrics=app.service.metrics))
         if envoy is not None:
-            log.info("stormguard: Envoy configuration from %s: domains %s (%d limits)",
+            from stormguard.gateways.watch import EnvoyConfigWatcher
+
+            app.service.companions.append(EnvoyConfigWatcher(args.envoy_config, checker))
+            log.info("stormguard: Envoy configuration from %s: domains %s (%d limits); "
+                     "reloaded when its files change",
                      args.envoy_config, ", ".join(sorted(envoy.domains)), len(envoy.limits()))
         else:
             log.info("stormguard: no --envoy-config: the gRPC service answers the domain "

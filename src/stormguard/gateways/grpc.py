@@ -152,4 +152,10 @@ class EnvoyCollector(Collector):
         for (domain, code), n in sorted(m.requests.items()):
             r.add_metric([domain, code], n)
         yield r
+        c = CounterMetricFamily("stormguard_envoy_config_reloads", "Envoy configuration "
+                                "reloads by result (error: refused, the previous one stays)",
+                                labels=["result"])
+        for result, n in sorted(m.reloads.items()):
+            c.add_metric([result], n)
+        yield c
 

@@ -126,6 +126,8 @@ class EnvoyMetrics:
 
     descriptors: dict[tuple[str, str], int] = field(default_factory=dict)
     requests: dict[tuple[str, str], int] = field(default_factory=dict)
+    reloads: dict[str, int] = field(default_factory=dict)
+    """Configuration reloads by result (``ok``, ``error``)."""
 
     def count(self, table: dict[tuple[str, str], int], domain: str, what: str) -> None:
         k = (domain, what)

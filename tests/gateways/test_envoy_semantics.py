@@ -342,3 +342,45 @@ def test_all_or_nothing_against_a_model(requests: list[list[tuple[str, int]]]) -
                     assert st_.remaining == 500 - used[db]
 
     asyncio.run(run())
+
+
+_TEXT = st.text(st.characters(codec="utf-8"), max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(a=st.tuples(_TEXT, st.lists(st.tuples(_TEXT, _TEXT), max_size=3)),
+       b=st.tuples(_TEXT, st.lists(st.tuples(_TEXT, _TEXT), max_size=3)))
+def test_counter_keys_never_collide(a: tuple[str, Entries], b: tuple[str, Entries]) -> None:
+    """Two different (domain, entries) never share a counter, whatever characters the
+    keys and values hold (``:``, ``%``, ``_``, non-ASCII)."""
+    from stormguard.gateways.envoy import counter_key
+
+    assert (counter_key(*a) == counter_key(*b)) == (a == b)
+
+
+def test_a_blocking_limiter_works_too() -> None:
+    from stormguard import RateLimiter
+
+    checker = EnvoyChecker(RateLimiter(MemoryStore(clock=FakeClock())),
+                           load_envoy_config(CONFIGS))
+    bar = [("source_cluster", "proxy"), ("destination_cluster", "bar")]
+
+    async def run() -> list[int]:
+        return [(await checker.check("rl", [(bar, 0)])).code for _ in range(11)]
+
+    assert asyncio.run(run()) == [OK] * 10 + [OVER_LIMIT]
+
+
+async def test_oversized_requests_are_refused() -> None:
+    from stormguard import ConfigError
+
+    c = _checker(FakeClock())
+    with pytest.raises(ConfigError, match="at most 64 descriptors"):
+        await c.check("rl", [([("a", "b")], 0)] * 65)
+    with pytest.raises(ConfigError, match="at most 32 entries"):
+        await c.check("rl", [([("a", "b")] * 33, 0)])
+    # a cost no window could ever admit: over the limit, nothing consumed
+    r = await c.check("mongo_cps", [([("database", "users")], 2**40)])
+    assert r.code == OVER_LIMIT
+    assert (await c.check("mongo_cps", [([("database", "users")], 0)])).statuses[0].remaining \
+        == 499

@@ -93,6 +93,10 @@ def test_should_rate_limit_end_to_end(serve: Callable[..., Serve]) -> None:
         ask(st, "", bar)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "domain" in info.value.details()
+    with pytest.raises(grpc.RpcError) as info:
+        ask(st, "rl", *[bar] * 65)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "at most 64 descriptors" in info.value.details()
     err = s.stop()
     assert "Traceback" not in err
 

@@ -106,3 +106,24 @@ def test_trusted_proxies_flag_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STORMGUARD_TRUSTED_PROXIES", "192.168.0.0/16")
     assert _parser().parse_args(["serve"]).trusted_proxies == "192.168.0.0/16"
     assert main(["serve", "--trusted-proxies", "10.0.0.0/33"]) == 2
+
+
+@pytest.mark.parametrize("uri", ["/%73earch?q=1", "//search", "/a/../search", "/./search",
+                                 "/search/../search/x"])
+async def test_the_path_is_the_one_the_application_serves(uri: str) -> None:
+    """nginx passes ``$request_uri`` raw: an encoded or dotted path cannot slip past a
+    rule on ``GET /search*``."""
+    async with client("127.0.0.1") as c:
+        codes = [(await c.get("/v1/auth", headers=nginx_headers(uri, "203.0.113.9"))
+                  ).status_code for _ in range(3)]
+    assert codes == [204, 204, 403]
+
+
+def test_request_path() -> None:
+    from stormguard.service.auth import request_path
+
+    assert request_path("/a/b/?x=1") == "/a/b/"
+    assert request_path("/") == "/"
+    assert request_path("/../../etc") == "/etc"
+    assert request_path("relative") == "/relative"
+    assert request_path("/%2e%2e/x") == "/x"

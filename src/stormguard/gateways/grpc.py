@@ -25,6 +25,7 @@ __all__ = ["EnvoyCollector", "RateLimitServer", "to_response"]
 log = logging.getLogger("stormguard.service")
 _Response = rls_pb2.RateLimitResponse
 _MAX_MESSAGE = 1024 * 1024
+_UINT32 = 2**32 - 1
 
 
 def _current_limit(st: Any) -> Any:
@@ -37,8 +38,8 @@ def _current_limit(st: Any) -> Any:
         rule = d.rule
         unit = {1: 1, 60: 2, 3600: 3, 86400: 4, 604800: 7, 2592000: 5, 31536000: 6}.get(
             int(rule.window) if float(rule.window).is_integer() else -1, 0)
-        return _Response.RateLimit(name=rule.name or "", requests_per_unit=rule.limit,
-                                   unit=unit)
+        return _Response.RateLimit(name=rule.name or "",
+                                   requests_per_unit=min(rule.limit, _UINT32), unit=unit)
     return None
 
 
@@ -47,7 +48,8 @@ def to_response(result: EnvoyResult, headers: bool) -> Any:
     (envoyproxy/ratelimit's LIMIT_RESPONSE_HEADERS_ENABLED)."""
     statuses = []
     for st in result.statuses:
-        s = _Response.DescriptorStatus(code=st.code, limit_remaining=st.remaining)
+        s = _Response.DescriptorStatus(code=st.code,
+                                       limit_remaining=min(st.remaining, _UINT32))
         cur = _current_limit(st)
         if cur is not None:
             s.current_limit.CopyFrom(cur)

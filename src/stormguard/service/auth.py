@@ -1,7 +1,8 @@
 """``/v1/auth``: the answer to nginx's ``auth_request`` subrequest.
 
 nginx asks with the original request's method, URI and client address in headers
-(``X-Original-Method``, ``X-Original-URI``, ``X-Real-IP``, and optionally
+(``X-Original-Method``, ``X-Original-URI``: its path, decoded and normalised as the
+application would see it, ``X-Real-IP``, and optionally
 ``X-Stormguard-User``, ``X-Stormguard-Api-Key``, ``X-Stormguard-Tier``); they are believed
 only from a peer among the trusted proxies (``serve --trusted-proxies``), otherwise the
 request is judged by its peer address alone. The rules match those attributes as they match
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import posixpath
+from urllib.parse import unquote
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -31,6 +34,21 @@ AUTH_HEADERS = {"method": "x-original-method", "uri": "x-original-uri", "ip": "x
                 "tier": "x-stormguard-tier"}
 AUTH_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 """nginx's subrequest keeps the original request's method unless ``proxy_method GET``."""
+
+
+def request_path(uri: str) -> str:
+    """The path an application would serve for ``uri`` (nginx's ``$request_uri``, raw):
+    without the query, percent-decoded, with ``//``, ``.`` and ``..`` resolved, so
+    ``/%73earch``, ``//search`` and ``/a/../search`` all match a rule on ``/search*``."""
+    path = unquote(uri.split("?", 1)[0].split("#", 1)[0], errors="replace")
+    if not path.startswith("/"):
+        path = "/" + path
+    normal = posixpath.normpath(path)
+    if normal.startswith("//"):  # normpath keeps a leading "//" (POSIX): one is enough
+        normal = "/" + normal.lstrip("/")
+    if path.endswith("/") and normal != "/":
+        normal += "/"
+    return normal
 
 
 class AuthEndpoints(CheckEndpoints):
@@ -74,7 +92,7 @@ class AuthEndpoints(CheckEndpoints):
                             "address only", peer)
             values = {"ip": peer}
         uri = values.get("uri")
-        path = uri.split("?", 1)[0] if uri else None
+        path = request_path(uri) if uri else None
         method = values.get("method")
         attrs = RequestAttrs(values.get("user"), values.get("api_key"), values.get("ip"),
                              method.upper() if method else None, path, values.get("tier"))

@@ -11,7 +11,8 @@ its best round: the machine is shared):
 * ``grpc/ShouldRateLimit``: ``stormguard serve --grpc-port`` with an envoyproxy/ratelimit
   configuration (one key-only descriptor, 1,000 values, a limit nothing reaches);
 * ``http/v1/check``: the same ``serve`` process, ``POST /v1/check`` with a key and an inline
-  limit on the same 1,000 keys.
+  limit on the same 1,000 keys;
+* with ``--redis``, both again on a ``serve`` over a private redis-server (``RedisStore``).
 
 The load: ``--streams`` concurrent calls for ``--duration`` seconds after a 1 s warm-up,
 from this process on asyncio (grpc.aio over one HTTP/2 channel; HTTP/1.1 keep-alive over
@@ -220,19 +221,26 @@ def run_round(args: argparse.Namespace, cfg: Path) -> dict[str, tuple[float, flo
         out["grpc/bare (constant OK, no limiter)"] = asyncio.run(grpc_target(port, args))
     finally:
         stop(bare)
-    http, grpc_port = free_port(), free_port()
-    serve = subprocess.Popen([sys.executable, "-m", "stormguard", "serve", "--port", str(http),
-                              "--grpc-port", str(grpc_port), "--envoy-config", str(cfg),
-                              "--http", "httptools", "--log-level", "warning"],
-                             env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_port(http, serve)
-        wait_port(grpc_port, serve)
-        out["grpc/ShouldRateLimit (serve, memory store)"] = asyncio.run(
-            grpc_target(grpc_port, args))
-        out["http/v1/check (same serve process)"] = asyncio.run(http_target(http, args))
-    finally:
-        stop(serve)
+    stores = [("memory store", "memory://")]
+    if args.redis_url:
+        stores.append(("redis store", args.redis_url))
+    for label, url in stores:
+        http, grpc_port = free_port(), free_port()
+        serve = subprocess.Popen([sys.executable, "-m", "stormguard", "serve", "--port",
+                                  str(http), "--grpc-port", str(grpc_port), "--envoy-config",
+                                  str(cfg), "--store", url, "--http", "httptools",
+                                  "--log-level", "warning"],
+                                 env=env(), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+        try:
+            wait_port(http, serve)
+            wait_port(grpc_port, serve)
+            out[f"grpc/ShouldRateLimit (serve, {label})"] = asyncio.run(
+                grpc_target(grpc_port, args))
+            out[f"http/v1/check (same serve, {label})"] = asyncio.run(
+                http_target(http, args))
+        finally:
+            stop(serve)
     return out
 
 
@@ -244,7 +252,29 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring")
     ap.add_argument("--in-process", type=int, default=20_000, metavar="N",
                     help="calls of the in-process measurement")
+    ap.add_argument("--redis", action="store_true",
+                    help="also on a private redis-server (needs redis-server on the PATH)")
     args = ap.parse_args()
+    args.redis_url = None
+    redis = None
+    if args.redis:
+        import shutil
+
+        port = free_port()
+        redis = subprocess.Popen([shutil.which("redis-server") or "redis-server", "--port",
+                                  str(port), "--bind", "127.0.0.1", "--save", "",
+                                  "--appendonly", "no"], stdout=subprocess.DEVNULL)
+        wait_port(port, redis)
+        args.redis_url = f"redis://127.0.0.1:{port}/0"
+    try:
+        best = _measure(args)
+    finally:
+        if redis is not None:
+            stop(redis)
+    _report(args, best)
+
+
+def _measure(args: argparse.Namespace) -> dict[str, tuple[float, float, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "bench.yaml"
         cfg.write_text(CONFIG)
@@ -253,6 +283,10 @@ def main() -> None:
             for name, r in run_round(args, cfg).items():
                 if name not in best or r[0] > best[name][0]:
                     best[name] = r
+    return best
+
+
+def _report(args: argparse.Namespace, best: dict[str, tuple[float, float, float]]) -> None:
     print(f"\n{args.streams} concurrent calls, {args.duration:g} s per target, best of "
           f"{args.rounds} rounds; {os.cpu_count()} cores, load average "
           f"{os.getloadavg()[0]:.1f}; client: this process (asyncio)")
@@ -265,7 +299,7 @@ def main() -> None:
           f"protobuf response {full_us:.1f} µs/call")
     g = best["grpc/ShouldRateLimit (serve, memory store)"][0]
     bare = best["grpc/bare (constant OK, no limiter)"][0]
-    http = best["http/v1/check (same serve process)"][0]
+    http = best["http/v1/check (same serve, memory store)"][0]
     print(f"\nShouldRateLimit / bare gRPC: {g / bare:.2f}x; "
           f"ShouldRateLimit / HTTP /v1/check: {g / http:.2f}x")
 

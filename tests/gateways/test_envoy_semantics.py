@@ -384,3 +384,12 @@ async def test_oversized_requests_are_refused() -> None:
     assert r.code == OVER_LIMIT
     assert (await c.check("mongo_cps", [([("database", "users")], 0)])).statuses[0].remaining \
         == 499
+
+
+async def test_a_configured_stormguard_domain_wins_over_the_rules() -> None:
+    rules = RuleSet.from_data([{"name": "per-user", "scope": "user", "limit": 1,
+                                "window": 60}])
+    config = loads_envoy_config("domain: stormguard\ndescriptors:\n  - key: user\n"
+                                "    rate_limit: {unit: minute, requests_per_unit: 3}\n")
+    c = EnvoyChecker(AsyncRateLimiter(MemoryStore(clock=FakeClock())), config, rules)
+    assert await _codes(c, RULES_DOMAIN, [("user", "alice")], 4) == [OK] * 3 + [OVER_LIMIT]

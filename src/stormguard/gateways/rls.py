@@ -181,7 +181,9 @@ class EnvoyChecker:
         statuses: list[DescriptorStatus] = []
         items: list[_Item] = []
         matched: list[EnvoyLimit | None] = []
-        rules = self._current_rules() if domain == RULES_DOMAIN else None
+        # the service's rules answer the domain "stormguard" unless a file configures it
+        rules = self._current_rules() if domain == RULES_DOMAIN and \
+            domain not in self.config.domains else None
         for entries, _own in descriptors:
             if len(entries) > MAX_ENTRIES:
                 raise ConfigError("entries", len(entries),

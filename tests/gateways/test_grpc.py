@@ -108,7 +108,13 @@ def test_grpc_and_http_share_the_store_and_rules(serve: Callable[..., Serve]) ->
     s = serve()
     st = stub(s)
     alice = descriptor(("user", "alice"))
-    assert ask(st, "stormguard", alice).overall_code == OK
+    first = ask(st, "stormguard", alice)
+    assert first.overall_code == OK
+    limit = first.statuses[0].current_limit
+    assert (limit.name, limit.requests_per_unit, limit.unit) == \
+        ("per-user", 3, Resp.RateLimit.Unit.MINUTE)
+    assert first.statuses[0].limit_remaining == 2
+    assert len(first.response_headers_to_add) == 0  # no --envoy-headers
     r = httpx.post(f"{s.base}/v1/check", json={"user": "alice"})
     assert r.json()["remaining"] == 1
     assert ask(st, "stormguard", alice).overall_code == OK

@@ -97,6 +97,13 @@ def test_should_rate_limit_end_to_end(serve: Callable[..., Serve]) -> None:
         ask(st, "rl", *[bar] * 65)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "at most 64 descriptors" in info.value.details()
+    # the standard health service, as Envoy's grpc_health_check asks it
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    hs = health_pb2_grpc.HealthStub(grpc.insecure_channel(f"127.0.0.1:{s.grpc_port}"))
+    for service in ("", "envoy.service.ratelimit.v3.RateLimitService"):
+        answer = hs.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+        assert answer.status == health_pb2.HealthCheckResponse.SERVING
     err = s.stop()
     assert "Traceback" not in err
 

@@ -286,6 +286,7 @@ def _envoy_setup(args: argparse.Namespace) -> Any:
     try:
         import grpc  # noqa: F401
         from envoy.service.ratelimit.v3 import rls_pb2  # noqa: F401
+        from grpc_health.v1 import health  # noqa: F401
     except ImportError as exc:
         raise _Refused(f"--grpc-port needs grpcio and xds-protos (the 'grpc' extra): {exc}"
                        ) from None

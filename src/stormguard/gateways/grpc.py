@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -24,6 +25,7 @@ __all__ = ["EnvoyCollector", "RateLimitServer", "to_response"]
 
 log = logging.getLogger("stormguard.service")
 _Response = rls_pb2.RateLimitResponse
+SERVICE_NAME = "envoy.service.ratelimit.v3.RateLimitService"
 _MAX_MESSAGE = 1024 * 1024
 _UINT32 = 2**32 - 1
 
@@ -107,6 +109,7 @@ class RateLimitServer:
         self.metrics = metrics
         self.bound_port: int | None = None
         self._server: Any = None
+        self.health: Any = None
         if metrics is not None:
             metrics.registry.register(EnvoyCollector(checker))
 
@@ -116,6 +119,9 @@ class RateLimitServer:
             ("grpc.so_reuseport", 0),  # a second instance on the port must fail, not share
         ])
         rls_pb2_grpc.add_RateLimitServiceServicer_to_server(_Servicer(self), server)
+        # the standard gRPC health service, for Envoy's grpc_health_check on the cluster
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         host = f"[{self.host}]" if ":" in self.host else self.host
         try:
             self.bound_port = server.add_insecure_port(f"{host}:{self.port}")
@@ -124,12 +130,16 @@ class RateLimitServer:
                       self.host, self.port, exc)
             raise
         await server.start()
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._server = server
         log.info("stormguard: Envoy rate-limit service (gRPC) on %s:%s", self.host,
                  self.bound_port)
 
     async def stop(self) -> None:
         if self._server is not None:
+            # NOT_SERVING first: health-checking clients move away during the grace
+            await self.health.enter_graceful_shutdown()
             await self._server.stop(grace=5)
             self._server = None
 

@@ -68,6 +68,9 @@ def test_should_rate_limit_end_to_end(serve: Callable[..., Serve]) -> None:
     assert 1 <= int(headers["Retry-After"]) <= 60
     assert "RateLimit" in headers
     assert "RateLimit-Policy" in headers
+    # envoyproxy/ratelimit's own names
+    assert (headers["RateLimit-Limit"], headers["RateLimit-Remaining"]) == ("10", "0")
+    assert 1 <= int(headers["RateLimit-Reset"]) <= 60
     # hits_addend on the request and on the descriptor
     users = descriptor(("database", "users"))
     assert ask(st, "mongo_cps", users, hits=100).statuses[0].limit_remaining == 400

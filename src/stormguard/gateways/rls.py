@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -94,7 +95,13 @@ class EnvoyResult:
             return {}
         if self.code == OK and not d.allowed:  # a shadow decision: the client passes
             d = Decision(True, d.limit, d.remaining, d.reset_after, 0.0, d.rule, d.degraded)
-        return d.headers()
+        h = d.headers()
+        # envoyproxy/ratelimit's own three (its LIMIT_*_HEADER defaults): whole numbers,
+        # the reset in seconds, so gateways and clients reading them keep working
+        h["RateLimit-Limit"] = str(d.limit)
+        h["RateLimit-Remaining"] = str(d.remaining if d.remaining > 0 else 0)
+        h["RateLimit-Reset"] = str(math.ceil(d.reset_after - 1e-9) if d.reset_after > 0 else 0)
+        return h
 
 
 @dataclass(slots=True)

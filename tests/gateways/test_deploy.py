@@ -32,6 +32,14 @@ CLI_SOURCE = (ROOT / "src" / "stormguard" / "cli" / "__init__.py").read_text()
 SERVE_ENV = set(re.findall(r'_env\("(STORMGUARD_[A-Z_]+)"', CLI_SOURCE))
 
 
+def healthcheck() -> list[str]:
+    text = (DEPLOY / "Dockerfile").read_text().replace("\\\n", " ")
+    m = re.search(r"^HEALTHCHECK .*? CMD (\[.*\])$", text, re.MULTILINE)
+    assert m is not None
+    cmd: list[str] = json.loads(m[1])
+    return cmd
+
+
 def dockerfile() -> tuple[list[str], dict[str, str], dict[str, str], str]:
     """The runtime stage's CMD, ENV, COPY (destination -> source) and USER."""
     text = (DEPLOY / "Dockerfile").read_text().replace("\\\n", " ")
@@ -92,6 +100,10 @@ def test_the_dockerfile_command_runs() -> None:
         answer = stub.ShouldRateLimit(rls_pb2.RateLimitRequest(domain="stormguard", descriptors=[
             d(entries=[d.Entry(key="remote_address", value="203.0.113.9")])]), timeout=10)
         assert answer.statuses[0].current_limit.requests_per_unit == 60  # anonymous-per-ip
+        # the image's HEALTHCHECK command, with the container's environment
+        probe = healthcheck()
+        assert probe[0] == "python"
+        subprocess.run([sys.executable, *probe[1:]], env=run_env, check=True, timeout=30)
     finally:
         os.kill(proc.pid, signal.SIGTERM)  # the Dockerfile's STOPSIGNAL
         _, err = proc.communicate(timeout=20)

@@ -84,3 +84,22 @@ def test_serve_wires_the_server_and_the_watcher(tmp_path: Path) -> None:
     assert server.headers is True
     assert server.checker.config.lookup("d", [("k", "v")]) is not None
     limiter.store.close()
+
+
+async def test_a_configmap_style_symlink_swap_is_picked_up(tmp_path: Path) -> None:
+    """Kubernetes mounts a ConfigMap as ``name -> ..data/name`` with ``..data`` a symlink to
+    a timestamped directory, and updates it by swapping ``..data``."""
+    old, new = tmp_path / "..2026_01", tmp_path / "..2026_02"
+    old.mkdir()
+    new.mkdir()
+    (old / "d.yaml").write_text(V1)
+    (new / "d.yaml").write_text(V2)
+    (tmp_path / "..data").symlink_to(old.name)
+    (tmp_path / "d.yaml").symlink_to("..data/d.yaml")
+    checker = EnvoyChecker(AsyncRateLimiter("memory://"), load_envoy_config(tmp_path))
+    assert sorted(checker.config.domains) == ["d"]  # the hidden directories are not files
+    watcher = EnvoyConfigWatcher(tmp_path, checker)
+    (tmp_path / "..data_tmp").symlink_to(new.name)
+    (tmp_path / "..data_tmp").rename(tmp_path / "..data")  # the atomic swap
+    assert await watcher.refresh() is True
+    assert checker.config.lookup("d", [("other", "v")]) is not None

@@ -156,7 +156,7 @@ class EnvoyChecker:
         self._rules = rules
         self.listeners: list[Listener] = list(listeners)
         self.metrics = EnvoyMetrics()
-        self._overrides: dict[tuple[int, int], EnvoyLimit] = {}
+        self._overrides: dict[tuple[str, int, int], EnvoyLimit] = {}
 
     def add_listener(self, listener: Listener) -> None:
         self.listeners.append(listener)
@@ -199,7 +199,7 @@ class EnvoyChecker:
         if overrides is not None and domain in self.config.domains:
             for i, ov in enumerate(overrides):
                 if ov is not None:
-                    matched[i] = self._override(domain, descriptors[i][0], *ov)
+                    matched[i] = self._override(domain, *ov)
         replaced = {r for lim in matched if lim is not None for r in lim.replaces}
         for i, ((entries, own), lim) in enumerate(zip(descriptors, matched, strict=True)):
             cost = own if own > 0 else base_cost
@@ -257,12 +257,12 @@ class EnvoyChecker:
             _add(items, index, key, spec.rule, cost, spec.shadow)
         return True
 
-    def _override(self, domain: str, entries: Sequence[tuple[str, str]], rpu: int,
-                  code: int) -> EnvoyLimit | None:
+    def _override(self, domain: str, rpu: int, code: int) -> EnvoyLimit | None:
+        """The limit of Envoy's per-descriptor override (a fixed window; cached)."""
         unit = next((u for u, (_, c) in UNITS.items() if c == code), None)
         if unit is None:
             return None  # UNKNOWN unit: no limit, as envoyproxy/ratelimit
-        hit = self._overrides.get((rpu, code))
+        hit = self._overrides.get((domain, rpu, code))
         if hit is not None:
             return hit
         seconds = UNITS[unit][0]
@@ -270,7 +270,7 @@ class EnvoyChecker:
         rule = Rule(rpu, seconds, "fixed_window", None, f"{path}:{rpu}/{unit}") if rpu else None
         lim = EnvoyLimit(path, "", unit, code, rpu, False, False, (), rule, seconds)
         if len(self._overrides) < _MAX_LABELS:
-            self._overrides[(rpu, code)] = lim
+            self._overrides[(domain, rpu, code)] = lim
         return lim
 
     def _blocked_status(self, lim: EnvoyLimit) -> DescriptorStatus:
@@ -374,6 +374,3 @@ def _status(st: DescriptorStatus, d: Decision, shadow: bool) -> None:
         else:
             st.code = OVER_LIMIT
 
-
-def unit_code(unit: str) -> int:
-    return UNITS[unit][1] if unit in UNITS else 0

@@ -379,6 +379,8 @@ async def test_oversized_requests_are_refused() -> None:
         await c.check("rl", [([("a", "b")], 0)] * 65)
     with pytest.raises(ConfigError, match="at most 32 entries"):
         await c.check("rl", [([("a", "b")] * 33, 0)])
+    with pytest.raises(ConfigError, match="at most 4096 characters"):
+        await c.check("rl", [([("a", "x" * 4096)], 0)])
     # a cost no window could ever admit: over the limit, nothing consumed
     r = await c.check("mongo_cps", [([("database", "users")], 2**40)])
     assert r.code == OVER_LIMIT

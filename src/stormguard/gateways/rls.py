@@ -44,6 +44,8 @@ _ATTR_KEYS = {"user": "user", "api_key": "api_key", "ip": "ip", "remote_address"
               "method": "method", "path": "path", "tier": "tier"}
 MAX_DESCRIPTORS = 64
 MAX_ENTRIES = 32
+MAX_DESCRIPTOR_CHARS = 4096
+"""As ``/v1/check``'s ``MAX_KEY``: a descriptor names a store key."""
 _UNKNOWN_DOMAIN_LABEL = "(unknown)"
 _MAX_LABELS = 1000
 
@@ -195,6 +197,11 @@ class EnvoyChecker:
             if len(entries) > MAX_ENTRIES:
                 raise ConfigError("entries", len(entries),
                                   f"at most {MAX_ENTRIES} entries per descriptor")
+            size = sum(len(k) + len(v) for k, v in entries)
+            if size > MAX_DESCRIPTOR_CHARS:
+                raise ConfigError("entries", size, f"a descriptor's keys and values hold at "
+                                  f"most {MAX_DESCRIPTOR_CHARS} characters (they name a "
+                                  "counter in the store)")
             matched.append(self.config.lookup(domain, entries) if rules is None else None)
         if overrides is not None and domain in self.config.domains:
             for i, ov in enumerate(overrides):

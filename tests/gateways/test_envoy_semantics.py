@@ -395,3 +395,10 @@ async def test_a_configured_stormguard_domain_wins_over_the_rules() -> None:
                                 "    rate_limit: {unit: minute, requests_per_unit: 3}\n")
     c = EnvoyChecker(AsyncRateLimiter(MemoryStore(clock=FakeClock())), config, rules)
     assert await _codes(c, RULES_DOMAIN, [("user", "alice")], 4) == [OK] * 3 + [OVER_LIMIT]
+
+
+def test_one_file_or_several() -> None:
+    one = load_envoy_config(CONFIGS / "rl.yaml")
+    assert list(one.domains) == ["rl"]
+    two = load_envoy_config([CONFIGS / "rl.yaml", str(CONFIGS / "mongo_cps.yaml")])
+    assert sorted(two.domains) == ["mongo_cps", "rl"]

@@ -402,3 +402,38 @@ def test_one_file_or_several() -> None:
     assert list(one.domains) == ["rl"]
     two = load_envoy_config([CONFIGS / "rl.yaml", str(CONFIGS / "mongo_cps.yaml")])
     assert sorted(two.domains) == ["mongo_cps", "rl"]
+
+
+PRECEDENCE = """
+domain: p
+descriptors:
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: 1, name: key-only}
+  - key: k
+    value: "a*"
+    rate_limit: {unit: second, requests_per_unit: 2, name: first-wildcard}
+  - key: k
+    value: "ab*"
+    rate_limit: {unit: second, requests_per_unit: 3, name: second-wildcard}
+  - key: k
+    value: abc
+    rate_limit: {unit: second, requests_per_unit: 4, name: exact}
+    descriptors:
+      - key: sub
+        rate_limit: {unit: second, requests_per_unit: 5, name: child}
+"""
+
+
+@pytest.mark.parametrize(("entries", "name"), [
+    ([("k", "abc")], "exact"),                   # exact before any wildcard
+    ([("k", "abd")], "first-wildcard"),          # wildcards in file order: "a*" first
+    ([("k", "zzz")], "key-only"),                # the key alone, any value
+    ([("k", "abc"), ("sub", "1")], "child"),     # a node with a limit and children
+    ([("k", "zzz"), ("sub", "1")], None),        # key-only node has no children
+    ([("k", "abc"), ("sub", "1"), ("x", "y")], None),  # deeper than the configuration
+    ([("other", "abc")], None),
+    ([], None),
+])
+def test_lookup_precedence(entries: Entries, name: str | None) -> None:
+    lim = loads_envoy_config(PRECEDENCE).lookup("p", entries)
+    assert (lim.name if lim is not None else None) == name

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -230,3 +231,29 @@ def test_grpc_port_in_use_fails_to_start(capsys: pytest.CaptureFixture[str]) -> 
     err = capsys.readouterr().err
     assert f"could not serve gRPC on 127.0.0.1:{port}" in err  # EXIT_LISTEN, as for --port
     assert "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_a_changed_configuration_reaches_a_running_service(
+        serve: Callable[..., Serve], tmp_path: Path) -> None:
+    cfg = tmp_path / "envoy"
+    cfg.mkdir()
+    (cfg / "d.yaml").write_text("domain: d\ndescriptors:\n  - key: k\n"
+                                "    rate_limit: {unit: minute, requests_per_unit: 1}\n")
+    s = serve("--envoy-config", str(cfg))
+    st = stub(s)
+    k = descriptor(("k", "v"))
+    assert [ask(st, "d", k).overall_code for _ in range(2)] == [OK, OVER]
+    (cfg / "d.yaml").write_text("domain: d\ndescriptors:\n  - key: k\n"
+                                "    rate_limit: {unit: minute, requests_per_unit: 100}\n")
+    deadline = time.monotonic() + 10
+    while ask(st, "d", k).statuses[0].current_limit.requests_per_unit != 100:
+        assert time.monotonic() < deadline, "not reloaded in 10 s"
+        time.sleep(0.1)  # real time: the service polls its files every second
+    (cfg / "d.yaml").write_text("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {}\n")
+    deadline = time.monotonic() + 10
+    while metric(s, 'stormguard_envoy_config_reloads_total{result="error"}') < 1:
+        assert time.monotonic() < deadline, "the invalid change was not noticed in 10 s"
+        time.sleep(0.1)  # real time, as above
+    assert ask(st, "d", k).statuses[0].current_limit.requests_per_unit == 100  # kept
+    assert "refused, the previous one stays" in s.stop()

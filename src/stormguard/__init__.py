@@ -14,16 +14,21 @@ from stormguard._core.errors import (
     DeadlineExceeded,
     RateLimited,
     RetryBudgetExhausted,
+    Shed,
     StorageError,
     StormguardError,
+    Throttled,
     TransientError,
 )
+from stormguard.overload import AdaptiveLimit
 from stormguard.ratelimit.decision import Decision
 from stormguard.ratelimit.limiter import AsyncRateLimiter, RateLimiter
 from stormguard.ratelimit.rule import Rule
 from stormguard.resilience import (
+    AdaptiveThrottle,
     Bulkhead,
     CircuitBreaker,
+    ConcurrencyLimit,
     Fallback,
     Retry,
     RetryBudget,
@@ -37,12 +42,15 @@ if TYPE_CHECKING:
     from stormguard.stores.redis import RedisClusterStore, RedisStore
 
 __all__ = [
+    "AdaptiveLimit",
+    "AdaptiveThrottle",
     "AsyncRateLimiter",
     "Bulkhead",
     "BulkheadFull",
     "CircuitBreaker",
     "CircuitOpen",
     "Clock",
+    "ConcurrencyLimit",
     "ConfigError",
     "DeadlineExceeded",
     "Decision",
@@ -58,10 +66,12 @@ __all__ = [
     "RetryBudget",
     "RetryBudgetExhausted",
     "Rule",
+    "Shed",
     "StorageError",
     "Store",
     "StormguardError",
     "SystemClock",
+    "Throttled",
     "Timeout",
     "TransientError",
     "load_envoy_config",

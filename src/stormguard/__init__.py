@@ -36,6 +36,7 @@ from stormguard.resilience import (
 )
 from stormguard.resilience.pipeline import Pipeline
 from stormguard.stores import MemoryStore, Store
+from stormguard.stores.regional import RegionalStore
 
 if TYPE_CHECKING:
     from stormguard.gateways import EnvoyChecker, load_envoy_config
@@ -62,6 +63,7 @@ __all__ = [
     "RateLimiter",
     "RedisClusterStore",
     "RedisStore",
+    "RegionalStore",
     "Retry",
     "RetryBudget",
     "RetryBudgetExhausted",

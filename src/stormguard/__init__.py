@@ -40,6 +40,7 @@ from stormguard.stores.hybrid import HybridStore
 from stormguard.stores.regional import RegionalStore
 
 if TYPE_CHECKING:
+    from stormguard.gateways import EnvoyChecker, load_envoy_config
     from stormguard.stores.redis import RedisClusterStore, RedisStore
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "ConfigError",
     "DeadlineExceeded",
     "Decision",
+    "EnvoyChecker",
     "Fallback",
     "HybridStore",
     "MemoryStore",
@@ -76,6 +78,7 @@ __all__ = [
     "Throttled",
     "Timeout",
     "TransientError",
+    "load_envoy_config",
 ]
 
 __version__ = "0.1.0"
@@ -87,4 +90,8 @@ def __getattr__(name: str) -> Any:
         from stormguard.stores import redis as _redis
 
         return getattr(_redis, name)
+    if name in ("EnvoyChecker", "load_envoy_config"):  # the gateways: on first use
+        from stormguard import gateways as _gateways
+
+        return getattr(_gateways, name)
     raise AttributeError(f"module 'stormguard' has no attribute {name!r}")

@@ -45,13 +45,15 @@ import time
 import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from stormguard.ratelimit.rule import Rule
 from stormguard.sim.engine import Engine
-from stormguard.sim.report import Panel, Report
 from stormguard.stores.hybrid import HybridStore
 from stormguard.stores.memory import MemoryStore
+
+if TYPE_CHECKING:  # sim.report imports the scenario model (greenlet): the fleet needs neither
+    from stormguard.sim.report import Panel, Report
 
 __all__ = ["FULL_RATE", "QUICK_RATE", "REGIONS", "SERVERS", "Fleet", "GlobalLike", "KeyClass",
            "Tally", "report", "simulate"]
@@ -439,6 +441,8 @@ def report(*, rate: float = QUICK_RATE, seconds: float = 2.0, users: int = 10_00
            node_ops: float = 117_000, seed: int = 7) -> Report:
     """The fleet as ``stormguard simulate fleet`` shows it: a tenth of the full rate by
     default (a few seconds); ``rate=FULL_RATE`` is the 1,000,000 requests per second run."""
+    from stormguard.sim.report import Report
+
     fleet = simulate(rate=rate, seconds=seconds, users=users, zipf=zipf, balance=balance,
                      hot_rate=hot_rate, node_ops=node_ops, seed=seed)
     desc = (f"{SERVERS} servers in {REGIONS} regions, {rate:,.0f} requests/s for "

@@ -1,6 +1,6 @@
 """A fleet of 500 servers in 3 regions running the real HybridStore in virtual time.
 
-    PYTHONPATH=src python bench/fleet.py                      # the full run (under a minute)
+    PYTHONPATH=src python bench/fleet.py                      # the full run (about a minute)
     PYTHONPATH=src python bench/fleet.py --rate 20000 --seconds 1   # a small one
 
 The model is :mod:`stormguard.sim.fleet` (its docstring describes it), the same one

@@ -33,7 +33,7 @@ BUILTIN: dict[str, str] = {
 #: name (``--hot-rate`` -> ``hot_rate``). Given to a simulation without it: exit 2.
 OPTIONS: dict[str, tuple[type, str]] = {
     "rate": (float, "requests per second in all (fleet: 100000 by default; 1000000 is "
-             "the full scale, under a minute)"),
+             "the full scale, about a minute)"),
     "seconds": (float, "virtual seconds to run (fleet: 2)"),
     "balance": (str, "the load balancer: random (any server of the key's region) or "
                 "sticky (consistent hashing) (fleet: random)"),

@@ -32,8 +32,8 @@ perfect limiter admits them all). Not modelled: the round trip's duration in the
 store's decisions (a reply is applied at the moment its request is sent).
 
 ``stormguard simulate fleet`` runs it at a tenth of the full rate for 2 s of virtual
-time (a few seconds of real time); ``--rate 1000000`` is the full scale (about 40 s of
-real time for the 2 virtual seconds, see docs/performance.md). ``bench/fleet.py`` is
+time (a few seconds of real time); ``--rate 1000000`` is the full scale (about a minute:
+40-55 s of CPU time for the 2 virtual seconds on a shared 2-core machine). ``bench/fleet.py`` is
 the same model with the full scale as its default.
 """
 

@@ -19,6 +19,18 @@ def test_fleet_is_a_builtin() -> None:
     assert BUILTIN["fleet"] == "stormguard.sim.fleet:report"
 
 
+def test_the_help_names_fleet_and_its_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["simulate", "--help"])
+    assert exit_.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(sale-night, fleet)" in out
+    assert "--rate 1000000 for the full scale" in out
+    for flag in ("--rate", "--seconds", "--balance {random,sticky}", "--users", "--zipf",
+                 "--hot-rate", "--node-ops", "--seed"):
+        assert flag in out, flag
+
+
 def test_json_figures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     png, page = tmp_path / "fleet.png", tmp_path / "fleet.html"
     assert main(["simulate", "fleet", *SMALL, "--json", "--plot", str(png),

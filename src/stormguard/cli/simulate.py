@@ -56,8 +56,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "JSON Schema).")
     p.add_argument("scenario", nargs="?",
                    help=f"a built-in simulation ({', '.join(BUILTIN)}) or a scenario file")
-    p.add_argument("--plot", metavar="PNG", help="write busy threads, calls/s and outcomes "
-                   "over time as a PNG")
+    p.add_argument("--plot", metavar="PNG", help="write the series over virtual time as a "
+                   "PNG (a scenario: busy threads, calls/s, outcomes; fleet: backend "
+                   "operations/s, admissions/s)")
     p.add_argument("--html", metavar="HTML", help="write one self-contained HTML report")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     p.add_argument("--schema", action="store_true", help="print the scenario JSON Schema")

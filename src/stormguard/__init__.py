@@ -14,6 +14,7 @@ from stormguard._core.errors import (
     DeadlineExceeded,
     RateLimited,
     RetryBudgetExhausted,
+    ShaperFull,
     StorageError,
     StormguardError,
     TransientError,
@@ -27,6 +28,7 @@ from stormguard.resilience import (
     Fallback,
     Retry,
     RetryBudget,
+    Shaper,
     Timeout,
 )
 from stormguard.resilience.pipeline import Pipeline
@@ -56,6 +58,8 @@ __all__ = [
     "RetryBudget",
     "RetryBudgetExhausted",
     "Rule",
+    "Shaper",
+    "ShaperFull",
     "StorageError",
     "Store",
     "StormguardError",

@@ -9,6 +9,7 @@ from stormguard.resilience.budget import RetryBudget
 from stormguard.resilience.bulkhead import Bulkhead
 from stormguard.resilience.fallback import Fallback
 from stormguard.resilience.retry import Retry, is_transient
+from stormguard.resilience.shaper import Shaper
 from stormguard.resilience.timeout import Timeout
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "Policy",
     "Retry",
     "RetryBudget",
+    "Shaper",
     "Timeout",
     "add_listener",
     "is_transient",

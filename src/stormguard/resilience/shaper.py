@@ -58,7 +58,8 @@ _REASONS = ("max_wait", "deadline", "max_queue", "paused", "store")
 
 def _rule(rate: Fraction, burst: int, field: str) -> Rule:
     """The GCRA rule of ``rate`` departures per second: ``limit`` per ``window`` with both
-    integers, so the schedule is exact (1/3 s apart stays 1/3 s apart on average)."""
+    integers. Slots are whole microseconds: an interval that is not (1/3 s) is rounded up,
+    so the pace is never faster than asked and slower by under 1 us per departure."""
     rate = rate.limit_denominator(1_000_000)
     try:
         return Rule(rate.numerator, float(rate.denominator), "gcra", burst)
@@ -79,26 +80,29 @@ class _Schedule:
         self.clock = clock
         self.state: Any = None
 
-    def book(self, budget: float | None, paused_until: float) -> tuple[bool, float]:
-        """``(ok, wait)``: the next slot, booked when it is within ``budget`` seconds."""
+    def book(self, budget: float | None, paused_until: float,
+             commit: bool = True) -> tuple[bool, float]:
+        """``(ok, wait)``: the next slot, booked when it is within ``budget`` seconds (and,
+        unless ``commit``, only when it is now: a full queue takes no one who must wait)."""
         mono = self.clock.monotonic()
         now = round(mono * 1_000_000)
         judged = round(paused_until * 1_000_000) if paused_until > mono else now
         budget_us = NO_LIMIT_US if budget is None else int(budget * 1_000_000)
         ok, at, state = self.algo.reserve(self.state, judged, 1, budget_us - (judged - now),
                                           True)
-        if ok:
+        wait = (at - now) / 1_000_000
+        if ok and (commit or wait <= 0):
             self.state = state
-        return ok, (at - now) / 1_000_000
+        return ok, wait
 
 
 class Shaper(Policy):
     """Pace calls to one dependency: a leaky bucket that queues instead of rejecting."""
 
     __slots__ = ("_counts", "_fallback", "_lock", "_paused_until", "_redis", "_rule",
-                 "_schedule", "_store", "_waiting", "burst", "expected_instances", "key",
-                 "max_pause", "max_queue", "max_wait", "on_error", "pause_on_retry_after",
-                 "per", "rate")
+                 "_schedule", "_shaping", "_store", "_waiting", "burst", "expected_instances",
+                 "key", "max_pause", "max_queue", "max_wait", "on_error",
+                 "pause_on_retry_after", "per", "rate")
 
     def __init__(self, rate: float, per: float = 1.0, *, max_wait: float | None = 1.0,
                  burst: int = 1, max_queue: int | None = None,
@@ -133,6 +137,7 @@ class Shaper(Policy):
         self._schedule: _Schedule | None = None
         self._fallback: _Schedule | None = None
         self._redis = False
+        self._shaping: Any = None  # stores/redis/shaping.py, for a Redis store
         if store is None:
             if key is not None:
                 raise ConfigError("key", key, "only means something with store=")
@@ -150,9 +155,11 @@ class Shaper(Policy):
                 _rule(per_second / self.expected_instances, self.burst, "expected_instances"),
                 self._clock)
         if type(store).__module__.startswith("stormguard.stores.redis"):
-            from stormguard.stores.redis import shaping  # noqa: PLC0415 - redis is optional
+            from stormguard.stores.redis import shaping  # only then: redis-py is optional
 
-            self._redis = shaping.supports(store)
+            if shaping.supports(store):
+                self._redis = True
+                self._shaping = shaping
 
     def __repr__(self) -> str:
         where = "" if self._store is None else f", store={self._store!r}, key={self.key!r}"
@@ -225,49 +232,53 @@ class Shaper(Policy):
     def _book_local(self, schedule: _Schedule, budget: float | None, by: str) -> float:
         """Book on an in-process schedule: the wait, or ShaperFull (nothing booked)."""
         with self._lock:
-            full = self.max_queue is not None and self._waiting >= self.max_queue
-            if not full:
-                ok, wait = schedule.book(budget, self._paused_until)
-                if ok:
-                    if wait > 0:
-                        self._waiting += 1
-                    else:
-                        self._counts["departed"] += 1
+            room = self.max_queue is None or self._waiting < self.max_queue
+            ok, wait = schedule.book(budget, self._paused_until, room)
+            if ok:
+                if wait <= 0:
+                    self._counts["departed"] += 1
+                    return 0.0
+                if room:
+                    self._waiting += 1
                     return wait
-        if full:
-            raise self._reject("max_queue", 0.0, self.interval)
+        if ok:  # it would have to wait, and max_queue calls already do
+            raise self._reject("max_queue", wait, self.interval)
         raise self._too_far(wait, budget, by)
 
-    def _enter(self) -> None:
-        """Before a store booking: take a place in the queue (max_queue is exact)."""
+    def _enter(self) -> bool:
+        """Before a store booking: take a place in the queue, so max_queue is exact with
+        concurrent bookings. False when the queue is full (book only a slot that is now)."""
         with self._lock:
             if self.max_queue is not None and self._waiting >= self.max_queue:
-                full = True
-            else:
-                full = False
-                self._waiting += 1
-        if full:
-            raise self._reject("max_queue", 0.0, self.interval)
+                return False
+            self._waiting += 1
+            return True
 
     def _booked(self, ok: bool, wait: float, paused_for: float, budget: float | None,
-                by: str) -> float:
-        """After a store booking (a place taken by :meth:`_enter`): the wait, or ShaperFull."""
+                by: str, placed: bool) -> float:
+        """After a store booking (``placed``: with a place taken by :meth:`_enter`; else it
+        asked for a slot that is now): the wait, or ShaperFull."""
         with self._lock:
             if paused_for > 0:
                 self._paused_until = max(self._paused_until,
                                          self._clock.monotonic() + paused_for)
             if ok and wait > 0:
                 return wait
-            self._waiting -= 1
+            if placed:
+                self._waiting -= 1
             if ok:
                 self._counts["departed"] += 1
                 return 0.0
+        if not placed and (budget is None or wait <= budget):
+            raise self._reject("max_queue", wait, self.interval)
         raise self._too_far(wait, budget, by)
 
-    def _degraded(self, exc: StorageError, budget: float | None, by: str) -> float:
+    def _degraded(self, exc: StorageError, budget: float | None, by: str,
+                  placed: bool) -> float:
         """The store failed (the place taken by :meth:`_enter` is given back first)."""
         with self._lock:
-            self._waiting -= 1
+            if placed:
+                self._waiting -= 1
             self._counts["degraded"] += 1
         if self._observed():
             self._emit(ShaperDegraded(self.name, self._clock.monotonic(), self.on_error, exc))
@@ -334,22 +345,21 @@ class Shaper(Policy):
             return self._book_local(self._schedule, budget, by)
         store = self._store
         assert store is not None
-        self._enter()
+        placed = self._enter()
+        asked = budget if placed else 0.0
         try:
             if self._redis:
-                from stormguard.stores.redis import shaping  # noqa: PLC0415
-
-                ok, wait, paused_for = shaping.booking(store.transport.call(  # type: ignore[attr-defined]
-                    shaping.book_command(store, self.key, self._rule, budget)))  # type: ignore[arg-type]
+                ok, wait, paused_for = self._shaping.book(store, self.key, self._rule, asked)
             else:
-                r = store.reserve(self.key, self._rule, max_wait=budget)
+                r = store.reserve(self.key, self._rule, max_wait=asked)
                 ok, wait, paused_for = r.ok, r.wait, 0.0
         except StorageError as exc:
-            return self._degraded(exc, budget, by)
+            return self._degraded(exc, budget, by, placed)
         except BaseException:
-            self._gone()
+            if placed:
+                self._gone()
             raise
-        return self._booked(ok, wait, paused_for, budget, by)
+        return self._booked(ok, wait, paused_for, budget, by, placed)
 
     async def _book_async(self, waited: float) -> float:
         budget, by = self._budget(waited)
@@ -359,22 +369,22 @@ class Shaper(Policy):
             return self._book_local(self._schedule, budget, by)
         store = self._store
         assert store is not None
-        self._enter()
+        placed = self._enter()
+        asked = budget if placed else 0.0
         try:
             if self._redis:
-                from stormguard.stores.redis import shaping  # noqa: PLC0415
-
-                ok, wait, paused_for = shaping.booking(await store.transport.acall(  # type: ignore[attr-defined]
-                    shaping.book_command(store, self.key, self._rule, budget)))  # type: ignore[arg-type]
+                ok, wait, paused_for = await self._shaping.abook(store, self.key, self._rule,
+                                                                 asked)
             else:
-                r = await store.areserve(self.key, self._rule, max_wait=budget)
+                r = await store.areserve(self.key, self._rule, max_wait=asked)
                 ok, wait, paused_for = r.ok, r.wait, 0.0
         except StorageError as exc:
-            return self._degraded(exc, budget, by)
+            return self._degraded(exc, budget, by, placed)
         except BaseException:
-            self._gone()
+            if placed:
+                self._gone()
             raise
-        return self._booked(ok, wait, paused_for, budget, by)
+        return self._booked(ok, wait, paused_for, budget, by, placed)
 
     def _depart_blocking(self) -> None:
         """Book a slot and wait for it (again after a pause that began meanwhile)."""
@@ -383,7 +393,7 @@ class Shaper(Policy):
             if self._redis is False and self._store is not None:
                 left = self._pause_left()  # a store that knows no pause: wait it out here
                 if left > 0:
-                    budget, by = self._budget(waited)
+                    budget, _ = self._budget(waited)
                     if budget is not None and left > budget:
                         raise self._reject("paused", left, left - budget)
                     self._clock.sleep(left)
@@ -408,7 +418,7 @@ class Shaper(Policy):
             if self._redis is False and self._store is not None:
                 left = self._pause_left()  # a store that knows no pause: wait it out here
                 if left > 0:
-                    budget, by = self._budget(waited)
+                    budget, _ = self._budget(waited)
                     if budget is not None and left > budget:
                         raise self._reject("paused", left, left - budget)
                     await self._clock.asleep(left)
@@ -441,23 +451,16 @@ class Shaper(Policy):
     def _pause(self, seconds: float, cause: BaseException | None) -> None:
         self._pause_here(seconds, cause)
         if self._redis and seconds > 0:
-            from stormguard.stores.redis import shaping  # noqa: PLC0415
-
-            store: Any = self._store
             try:
-                store.transport.call(shaping.pause_command(store, self.key, self._rule, seconds))
+                self._shaping.pause(self._store, self.key, self._rule, seconds)
             except StorageError as exc:
                 self._pause_failed(exc)
 
     async def _apause(self, seconds: float, cause: BaseException | None) -> None:
         self._pause_here(seconds, cause)
         if self._redis and seconds > 0:
-            from stormguard.stores.redis import shaping  # noqa: PLC0415
-
-            store: Any = self._store
             try:
-                await store.transport.acall(
-                    shaping.pause_command(store, self.key, self._rule, seconds))
+                await self._shaping.apause(self._store, self.key, self._rule, seconds)
             except StorageError as exc:
                 self._pause_failed(exc)
 

@@ -20,7 +20,8 @@ from stormguard.stores.redis.protocol import Command
 from stormguard.stores.redis.ratelimit_scripts import load_script
 from stormguard.stores.redis.store import _RedisStore
 
-__all__ = ["SHAPER", "Booking", "book_command", "booking", "pause_command", "supports"]
+__all__ = ["SHAPER", "Booking", "abook", "apause", "book", "book_command", "booking", "pause",
+           "pause_command", "supports"]
 
 SHAPER = scripts.register("stormguard.shaper", load_script(
     ("prelude.lua", "token_bucket.lua", "gcra.lua", "leaky_bucket.lua", "shaper.lua")))
@@ -64,3 +65,23 @@ def booking(reply: Any) -> Booking:
     """The script's reply as a :data:`Booking`."""
     ok, at, now, paused = reply
     return ok == 1, (at - now) / 1e6, max(0, paused - now) / 1e6
+
+
+def book(store: _RedisStore, key: str, rule: Rule, max_wait: float | None) -> Booking:
+    """Book one departure (blocking): one round trip."""
+    return booking(store.transport.call(book_command(store, key, rule, max_wait)))
+
+
+async def abook(store: _RedisStore, key: str, rule: Rule, max_wait: float | None) -> Booking:
+    """Book one departure on the running loop: one round trip."""
+    return booking(await store.transport.acall(book_command(store, key, rule, max_wait)))
+
+
+def pause(store: _RedisStore, key: str, rule: Rule, seconds: float) -> None:
+    """Pause every process sharing ``key`` (blocking)."""
+    store.transport.call(pause_command(store, key, rule, seconds))
+
+
+async def apause(store: _RedisStore, key: str, rule: Rule, seconds: float) -> None:
+    """Pause every process sharing ``key``, on the running loop."""
+    await store.transport.acall(pause_command(store, key, rule, seconds))

@@ -483,3 +483,32 @@ def test_a_store_without_a_shared_pause_waits_the_local_one_out(clock: FakeClock
     with pytest.raises(ShaperFull) as info:
         shaper.call(lambda: None)
     assert info.value.reason == "paused"
+
+
+@settings(max_examples=200, deadline=None)
+@given(limit=st.integers(1, 10**6), window=st.sampled_from([1.0, 2.0, 7.0, 60.0]),
+       burst=st.integers(1, 20),
+       trace=st.lists(st.tuples(st.integers(0, 3_000_000),
+                                st.one_of(st.none(), st.integers(0, 2_000_000))),
+                      min_size=1, max_size=40))
+def test_the_schedule_is_gcra_reserve(limit: int, window: float, burst: int,
+                                      trace: list[tuple[int, int | None]]) -> None:
+    """The in-process schedule books exactly what ``Algorithm.reserve`` of gcra books."""
+    from stormguard import Rule
+    from stormguard.resilience.shaper import _Schedule
+
+    rule = Rule(limit, window, "gcra", burst)
+    clock = FakeClock(monotonic_start=100.0)
+    schedule = _Schedule(rule, clock)
+    state: Any = None
+    for step_us, budget_us in trace:
+        clock.advance(step_us / 1_000_000)
+        now = round(clock.monotonic() * 1_000_000)
+        max_wait = 2**62 if budget_us is None else budget_us
+        ok, at, new = rule._algo.reserve(state, now, 1, max_wait, True)
+        got_ok, got_wait = schedule.book(None if budget_us is None else budget_us / 1e6,
+                                         float("-inf"))
+        assert (got_ok, round(got_wait * 1_000_000)) == (ok, at - now)
+        if ok:
+            state = new
+            assert schedule.tat == state[0]

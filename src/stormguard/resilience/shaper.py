@@ -48,7 +48,6 @@ from stormguard.observability.events import (
 from stormguard.ratelimit.rule import Rule
 from stormguard.resilience._base import Args, AsyncNext, Kwargs, Next, Policy
 from stormguard.stores import Store, from_url
-from stormguard.stores.base import NO_LIMIT_US
 
 __all__ = ["Shaper"]
 
@@ -70,15 +69,21 @@ def _rule(rate: Fraction, burst: int, field: str) -> Rule:
 class _Schedule:
     """Departures in this process: GCRA reservations on monotonic microseconds.
 
-    Not thread-safe by itself: the shaper calls :meth:`book` with its lock held.
+    :meth:`book` is ``Algorithm.reserve`` of the ``gcra`` rule (the reference, which
+    ``tests/resilience/test_shaper.py`` holds it to on random traces) written out on its
+    one integer (the theoretical arrival time scaled by ``N``): half the cost per call.
+    Not thread-safe by itself: the shaper calls it with its lock held.
     """
 
-    __slots__ = ("algo", "clock", "state")
+    __slots__ = ("C", "N", "W", "clock", "tat")
 
     def __init__(self, rule: Rule, clock: Clock) -> None:
-        self.algo = rule._algo
+        algo = rule._algo
+        self.N: int = algo.N
+        self.W: int = algo.W
+        self.C: int = algo.C
         self.clock = clock
-        self.state: Any = None
+        self.tat: int | None = None
 
     def book(self, budget: float | None, paused_until: float,
              commit: bool = True) -> tuple[bool, float]:
@@ -87,13 +92,19 @@ class _Schedule:
         mono = self.clock.monotonic()
         now = round(mono * 1_000_000)
         judged = round(paused_until * 1_000_000) if paused_until > mono else now
-        budget_us = NO_LIMIT_US if budget is None else int(budget * 1_000_000)
-        ok, at, state = self.algo.reserve(self.state, judged, 1, budget_us - (judged - now),
-                                          True)
-        wait = (at - now) / 1_000_000
-        if ok and (commit or wait <= 0):
-            self.state = state
-        return ok, wait
+        tat = self.tat
+        n = self.N
+        at = judged
+        if tat is not None:
+            earliest = -((self.C - self.W - tat) // n)  # ceil((tat + W - C) / N)
+            at = max(at, earliest)
+        wait_us = at - now
+        if budget is not None and wait_us > int(budget * 1_000_000):
+            return False, wait_us / 1_000_000
+        if commit or wait_us <= 0:
+            scaled = at * n
+            self.tat = (scaled if tat is None or tat < scaled else tat) + self.W
+        return True, wait_us / 1_000_000
 
 
 class Shaper(Policy):
@@ -337,14 +348,18 @@ class Shaper(Policy):
             self._emit(ShaperDegraded(self.name, self._clock.monotonic(), "local", exc))
 
     # -- booking and waiting: a hand-written pair (I/O and sleeping differ by nature) -------
+    def _book_here(self, schedule: _Schedule, waited: float) -> float:
+        """Book on the in-process schedule (no I/O: the same for both styles)."""
+        budget, by = self._budget(waited)
+        if budget is not None and budget < 0:
+            raise self._reject(by, 0.0, 0.0)
+        return self._book_local(schedule, budget, by)
+
     def _book_blocking(self, waited: float) -> float:
         budget, by = self._budget(waited)
         if budget is not None and budget < 0:
             raise self._reject(by, 0.0, 0.0)
-        if self._schedule is not None:
-            return self._book_local(self._schedule, budget, by)
-        store = self._store
-        assert store is not None
+        store: Any = self._store
         placed = self._enter()
         asked = budget if placed else 0.0
         try:
@@ -365,10 +380,7 @@ class Shaper(Policy):
         budget, by = self._budget(waited)
         if budget is not None and budget < 0:
             raise self._reject(by, 0.0, 0.0)
-        if self._schedule is not None:
-            return self._book_local(self._schedule, budget, by)
-        store = self._store
-        assert store is not None
+        store: Any = self._store
         placed = self._enter()
         asked = budget if placed else 0.0
         try:
@@ -389,17 +401,21 @@ class Shaper(Policy):
     def _depart_blocking(self) -> None:
         """Book a slot and wait for it (again after a pause that began meanwhile)."""
         waited = 0.0
+        schedule = self._schedule
         while True:
-            if self._redis is False and self._store is not None:
-                left = self._pause_left()  # a store that knows no pause: wait it out here
-                if left > 0:
-                    budget, _ = self._budget(waited)
-                    if budget is not None and left > budget:
-                        raise self._reject("paused", left, left - budget)
-                    self._clock.sleep(left)
-                    waited += left
-                    continue
-            wait = self._book_blocking(waited)
+            if schedule is not None:
+                wait = self._book_here(schedule, waited)
+            else:
+                if not self._redis:
+                    left = self._pause_left()  # a store that knows no pause: wait it out
+                    if left > 0:
+                        budget, _ = self._budget(waited)
+                        if budget is not None and left > budget:
+                            raise self._reject("paused", left, left - budget)
+                        self._clock.sleep(left)
+                        waited += left
+                        continue
+                wait = self._book_blocking(waited)
             if wait <= 0:
                 return
             try:
@@ -414,17 +430,21 @@ class Shaper(Policy):
     async def _depart_async(self) -> None:
         """Book a slot and wait for it (again after a pause that began meanwhile)."""
         waited = 0.0
+        schedule = self._schedule
         while True:
-            if self._redis is False and self._store is not None:
-                left = self._pause_left()  # a store that knows no pause: wait it out here
-                if left > 0:
-                    budget, _ = self._budget(waited)
-                    if budget is not None and left > budget:
-                        raise self._reject("paused", left, left - budget)
-                    await self._clock.asleep(left)
-                    waited += left
-                    continue
-            wait = await self._book_async(waited)
+            if schedule is not None:
+                wait = self._book_here(schedule, waited)
+            else:
+                if not self._redis:
+                    left = self._pause_left()  # a store that knows no pause: wait it out
+                    if left > 0:
+                        budget, _ = self._budget(waited)
+                        if budget is not None and left > budget:
+                            raise self._reject("paused", left, left - budget)
+                        await self._clock.asleep(left)
+                        waited += left
+                        continue
+                wait = await self._book_async(waited)
             if wait <= 0:
                 return
             try:

@@ -25,6 +25,7 @@ def test_shaper_benchmark_runs() -> None:
     burst = re.search(r"\| aiolimiter AsyncLimiter\(500, 1\) \|(?: [-\d.]+ \|){3} (\d+) \|", out)
     paced = re.search(r"\| stormguard Shaper\(500/s\), asyncio \|(?: [-\d.]+ \|){3} (\d+) \|",
                       out)
-    assert burst is not None and paced is not None
+    assert burst is not None
+    assert paced is not None
     assert int(burst[1]) > 100
-    assert int(paced[1]) <= 6 + 10  # 10 ms at 2 ms apart, plus a loaded machine's lateness
+    assert int(paced[1]) < int(burst[1]) // 4  # 6 at 2 ms apart, plus a loaded OS's lateness

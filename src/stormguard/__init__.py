@@ -18,6 +18,7 @@ from stormguard._core.errors import (
     StormguardError,
     TransientError,
 )
+from stormguard.queue import Deferred, DeferredQueue
 from stormguard.ratelimit.decision import Decision
 from stormguard.ratelimit.limiter import AsyncRateLimiter, RateLimiter
 from stormguard.ratelimit.rule import Rule
@@ -45,6 +46,8 @@ __all__ = [
     "ConfigError",
     "DeadlineExceeded",
     "Decision",
+    "Deferred",
+    "DeferredQueue",
     "Fallback",
     "MemoryStore",
     "Pipeline",

@@ -150,7 +150,19 @@ class DeferredQueue:
         return self.backend.retry_dead(self.clock.wall())
 
     def close(self) -> None:
+        """Release the queue's connections."""
         self.backend.close()
+
+    async def aclose(self) -> None:
+        """Release the connections of the running event loop as well (Redis: call it
+        before the loop that deferred ends)."""
+        await self.backend.aclose()
+
+    async def __aenter__(self) -> DeferredQueue:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     def __enter__(self) -> DeferredQueue:
         return self

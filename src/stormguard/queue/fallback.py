@@ -132,7 +132,10 @@ class DeferFallback(Fallback):
         except Exception as exc:
             if not self._matches(exc):
                 raise
-            text, key = self._job(fn, args, kwargs)
+            try:
+                text, key = self._job(fn, args, kwargs)
+            except TypeError as err:
+                raise err from exc
             self._used(exc)
             try:
                 job_id = await self.queue._aput(self.task, text, key)
@@ -146,7 +149,10 @@ class DeferFallback(Fallback):
         except Exception as exc:
             if not self._matches(exc):
                 raise
-            text, key = self._job(fn, args, kwargs)
+            try:
+                text, key = self._job(fn, args, kwargs)
+            except TypeError as err:
+                raise err from exc
             self._used(exc)
             try:
                 job_id = self.queue._put(self.task, text, key)

@@ -74,5 +74,9 @@ class Backend(ABC):
         """Every dead letter back to pending with no failed attempt; returns how many.
         A dead letter whose key is held by a live job is dropped (that job stands for it)."""
 
+    async def aclose(self) -> None:
+        """Release this event loop's connections too (default: :meth:`close`)."""
+        self.close()
+
     def close(self) -> None:  # noqa: B027 (optional: most backends hold nothing to close)
         """Release connections."""

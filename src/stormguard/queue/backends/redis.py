@@ -313,3 +313,6 @@ class RedisBackend(Backend):
 
     def close(self) -> None:
         self.transport.close()
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()

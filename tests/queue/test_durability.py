@@ -91,7 +91,11 @@ def test_a_worker_killed_mid_drain_loses_nothing(durable: tuple[str, str],
 
     # a second worker (in this process) takes over, the dead one's leases ending after 1 s
     done_2: list[int] = []
-    worker = q.worker({"job": lambda i: done_2.append(i)}, concurrency=concurrency,
+
+    def record(i: int) -> None:
+        done_2.append(i)
+
+    worker = q.worker({"job": record}, concurrency=concurrency,
                       visibility_timeout=1.0, poll_interval=0.02)
     assert worker.drain(timeout=20.0)
     assert q.stats() == {"pending": 0, "in_flight": 0, "dead": 0}

@@ -19,6 +19,7 @@ import itertools
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -56,23 +57,35 @@ CREATE TABLE IF NOT EXISTS stormguard_dead (
 Op = Callable[[sqlite3.Connection], Any]
 
 
+class _OpFailed(Exception):
+    """An operation of a batch run without savepoints failed: run it again with them."""
+
+
 class _Pending:
-    __slots__ = ("done", "error", "fn", "result")
+    __slots__ = ("done", "error", "fn", "result", "wake")
 
     def __init__(self, fn: Op) -> None:
         self.fn = fn
         self.done = False
         self.result: Any = None
         self.error: BaseException | None = None
+        self.wake = threading.Lock()
+        self.wake.acquire()  # released once: the operation is done, or its thread leads
 
 
 class GroupCommit:
-    """Run operations on one SQLite connection, many per transaction (one fsync)."""
+    """Run operations on one SQLite connection, many per transaction (one fsync).
+
+    The caller that finds no transaction under way leads: it runs every operation queued
+    so far in one transaction, wakes their callers, and hands the lead to the first
+    caller that queued meanwhile (each waiter sleeps on a lock of its own: a commit
+    wakes only the callers it served, and the next leader).
+    """
 
     def __init__(self, connect: Callable[[], sqlite3.Connection]) -> None:
         self._connect = connect
         self._conn: sqlite3.Connection | None = None
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
         self._queue: list[_Pending] = []
         self._busy = False
         self.commits = 0
@@ -81,49 +94,44 @@ class GroupCommit:
 
     def run(self, fn: Op) -> Any:
         op = _Pending(fn)
-        with self._cond:
+        with self._lock:
             self._queue.append(op)
-            while not op.done:
-                if self._busy:
-                    self._cond.wait()
-                    continue
-                self._busy = True
-                batch, self._queue = self._queue, []
-                self._cond.release()
-                try:
-                    self._execute(batch)
-                finally:
-                    self._cond.acquire()
-                    self._busy = False
-                    self._cond.notify_all()
+            lead = not self._busy
+            self._busy = True
+        if not lead:
+            op.wake.acquire()  # done, or handed the lead
+        if not op.done:
+            self._lead()
         if op.error is not None:
             raise op.error
         return op.result
+
+    def _lead(self) -> None:
+        with self._lock:
+            batch, self._queue = self._queue, []
+        try:
+            self._execute(batch)
+        finally:
+            with self._lock:
+                nxt = self._queue[0] if self._queue else None
+                if nxt is None:
+                    self._busy = False
+            for op in batch:
+                if op.wake.locked():
+                    op.wake.release()
+            if nxt is not None:
+                nxt.wake.release()  # not done: its thread leads the next transaction
 
     def _execute(self, batch: list[_Pending]) -> None:
         try:
             if self._conn is None:
                 self._conn = self._connect()
-            conn = self._conn
-            conn.execute("BEGIN IMMEDIATE")
             try:
-                for op in batch:
-                    if len(batch) == 1:
-                        op.result = op.fn(conn)
-                        continue
-                    conn.execute("SAVEPOINT op")
-                    try:
-                        op.result = op.fn(conn)
-                    except Exception as exc:
-                        conn.execute("ROLLBACK TO op")
-                        op.error = exc
-                    conn.execute("RELEASE op")
-                conn.execute("COMMIT")
-                self.commits += 1
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+                self._transaction(self._conn, batch, isolated=False)
+            except _OpFailed:
+                # one operation failed: run the batch again, each operation in a savepoint
+                # of its own, so it fails alone (a rare path: a constraint, a bad value)
+                self._transaction(self._conn, batch, isolated=True)
         except sqlite3.Error as exc:
             err = StorageError(f"sqlite: {type(exc).__name__}: {exc}")
             err.__cause__ = exc
@@ -138,14 +146,44 @@ class GroupCommit:
             for op in batch:
                 op.done = True
 
-    def close(self) -> None:
-        with self._cond:
-            while self._busy:
-                self._cond.wait()
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+    def _transaction(self, conn: sqlite3.Connection, batch: list[_Pending], *,
+                     isolated: bool) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for op in batch:
+                if not isolated:
+                    try:
+                        op.result = op.fn(conn)
+                    except Exception as exc:
+                        if len(batch) == 1:
+                            raise
+                        raise _OpFailed from exc
+                    continue
+                conn.execute("SAVEPOINT op")
+                try:
+                    op.result = op.fn(conn)
+                except Exception as exc:
+                    conn.execute("ROLLBACK TO op")
+                    op.error = exc
+                conn.execute("RELEASE op")
+            conn.execute("COMMIT")
+            self.commits += 1
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
 
+    def close(self) -> None:
+        """Close the connection once no transaction is under way (a later operation
+        opens it again)."""
+        while True:
+            with self._lock:
+                if not self._busy:
+                    conn, self._conn = self._conn, None
+                    break
+            time.sleep(0.001)  # real time: a transaction of another thread is finishing
+        if conn is not None:
+            conn.close()
 
 def path_of(url: str) -> str:
     """The file of ``sqlite:///abs/path.db`` (absolute) or ``sqlite://rel.db``."""

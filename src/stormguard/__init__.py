@@ -19,6 +19,7 @@ from stormguard._core.errors import (
     StormguardError,
     TransientError,
 )
+from stormguard.queue import Deferred, DeferredQueue
 from stormguard.ratelimit.decision import Decision
 from stormguard.ratelimit.limiter import AsyncRateLimiter, RateLimiter
 from stormguard.ratelimit.rule import Rule
@@ -47,6 +48,8 @@ __all__ = [
     "ConfigError",
     "DeadlineExceeded",
     "Decision",
+    "Deferred",
+    "DeferredQueue",
     "Fallback",
     "MemoryStore",
     "Pipeline",

@@ -1,4 +1,4 @@
-"""The ``stormguard`` command: ``serve``, ``check``, ``rules validate``.
+"""The ``stormguard`` command: ``serve``, ``check``, ``rules validate``, ``queue``.
 
 Exit codes: 0 success (``check``: allowed), 1 denied or invalid rules, 2 bad usage
 (flags, unreadable files, bad configuration), 3 the store failed, 4 ``serve`` could not
@@ -46,7 +46,7 @@ class _Parser(argparse.ArgumentParser):
         ns, extra = self.parse_known_args(args, namespace)
         if extra:
             sub: argparse.ArgumentParser = self
-            for name in ("command", "rules_command"):
+            for name in ("command", "rules_command", "queue_command"):
                 choices = getattr(sub, "subcommands", {})
                 if getattr(ns, name, None) in choices:
                     sub = choices[getattr(ns, name)]
@@ -138,9 +138,36 @@ def _parser() -> argparse.ArgumentParser:
     rsub.required = True
     validate = rsub.add_parser("validate", help="check a rules file; exit 1 if invalid")
     validate.add_argument("file")
-    p.subcommands = {"serve": serve, "check": check, "rules": rules}
+    queue = _queue_parser(sub)
+    p.subcommands = {"serve": serve, "check": check, "rules": rules, "queue": queue}
     rules.subcommands = {"validate": validate}
     return p
+
+
+def _queue_parser(sub: Any) -> argparse.ArgumentParser:
+    """``stormguard queue stats|dead|retry-dead URL`` (the commands are in cli/queue.py)."""
+    queue: _Parser = sub.add_parser(
+        "queue", help="inspect a deferred-work queue",
+        description="Inspect a DeferredQueue: sqlite:///path/file.db, redis://host:6379/0 "
+        "(--stream) or redis+cluster://h1:p1,h2:p2. Exit 3 when the queue's storage fails.")
+    qsub = queue.add_subparsers(dest="queue_command", metavar="SUBCOMMAND",
+                                parser_class=_Parser)
+    qsub.required = True
+    helps = {"stats": "pending, in-flight and dead job counts (JSON)",
+             "dead": "the dead letters: task, payload, attempts, last error",
+             "retry-dead": "put every dead letter back to pending (attempts reset)"}
+    for name, text in helps.items():
+        cmd = qsub.add_parser(name, help=text, description=text)
+        cmd.add_argument("url", help="the queue URL")
+        cmd.add_argument("--stream", default=None,
+                         help="Redis: the queue's stream name (default stormguard:deferred)")
+        if name == "dead":
+            cmd.add_argument("--json", action="store_true",
+                             help="one JSON object per dead letter, one per line")
+            cmd.add_argument("--limit", type=int, default=1000,
+                             help="at most this many (default 1000)")
+        queue.subcommands[name] = cmd
+    return queue
 
 
 def _load_rules(path: str | None) -> Any:
@@ -385,4 +412,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(args)
     if args.command == "check":
         return _check(args)
+    if args.command == "queue":
+        from stormguard.cli.queue import run
+
+        return run(args)
     return _validate(args)

@@ -512,3 +512,16 @@ def test_the_schedule_is_gcra_reserve(limit: int, window: float, burst: int,
         if ok:
             state = new
             assert schedule.tat == state[0]
+
+
+def test_a_full_shaper_inside_a_breaker_is_not_a_dependency_failure(clock: FakeClock) -> None:
+    from stormguard import CircuitBreaker
+
+    breaker = CircuitBreaker(window=4, failure_rate=0.5, min_calls=4, clock=clock)
+    shaper = Shaper(rate=1, max_wait=0.0, clock=clock)
+    pipe = Pipeline(breaker, shaper)
+    pipe.call(lambda: None)
+    for _ in range(10):  # the provider was never asked: the breaker must not open
+        with pytest.raises(ShaperFull):
+            pipe.call(lambda: None)
+    assert breaker.state == "closed"

@@ -36,7 +36,7 @@ from typing import Any
 
 from stormguard._core.breaker import CLOSED, STATES, BreakerMachine
 from stormguard._core.clock import Clock
-from stormguard._core.errors import BulkheadFull, CircuitOpen
+from stormguard._core.errors import BulkheadFull, CircuitOpen, ShaperFull
 from stormguard.observability.events import CallRejected, Listener, StateChanged
 from stormguard.resilience._base import (
     Args,
@@ -50,7 +50,8 @@ from stormguard.resilience._base import (
 
 __all__ = ["CircuitBreaker"]
 
-_NOT_FAILURES = (CircuitOpen, BulkheadFull)
+# inner layers refusing to call (the dependency was not asked): never its failures
+_NOT_FAILURES = (CircuitOpen, BulkheadFull, ShaperFull)
 
 
 def _default_failure(exc: BaseException) -> bool:

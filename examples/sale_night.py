@@ -172,25 +172,18 @@ class Provider:
         return await self._send(order, "worker")
 
 
-async def night_of(night: Night, clock: FakeClock, report: Report) -> None:
-    total = int(night.orders_per_s * night.sale_ends + 0.5)
-    provider = Provider(night, clock, total)
-    q = DeferredQueue(night.queue, clock=clock)
-    opened: list[float] = []
-
-    def on_breaker(event: Event) -> None:
-        if isinstance(event, StateChanged) and event.new == "open":
-            opened.append(event.at - provider.t0)
-
+def policies(night: Night, clock: FakeClock, q: DeferredQueue, provider: Provider,
+             on_breaker: Any) -> tuple[Pipeline, Any]:
+    """The checkout's SMS pipeline and the queue's worker, sharing one breaker and one pace."""
     pace = MemoryStore(clock=clock)  # in production: the Redis URL the fleet shares
     breaker = CircuitBreaker(window=20, failure_rate=0.5, open_for=30.0, half_open_calls=3,
                              name="sms", clock=clock, listeners=(on_breaker,))
+    jitter = random.Random(night.seed)  # noqa: S311 - retry jitter, not a secret
     checkout = Pipeline(
         q.fallback("send_sms", key=lambda p: f"sms:{p['order']}"),
         Timeout(total=3.0, clock=clock),
-        Retry(attempts=3, base=0.1, max_delay=1.0, rng=random.Random(night.seed),
-              budget=RetryBudget(ratio=0.1, min_per_second=1.0, window=10.0, clock=clock),
-              clock=clock),
+        Retry(attempts=3, base=0.1, max_delay=1.0, rng=jitter, clock=clock,
+              budget=RetryBudget(ratio=0.1, min_per_second=1.0, window=10.0, clock=clock)),
         breaker,
         Bulkhead(night.bulkhead, clock=clock),
         Timeout(1.0, clock=clock),
@@ -203,59 +196,86 @@ async def night_of(night: Night, clock: FakeClock, report: Report) -> None:
                                  key="sms-provider", name="sms-worker", clock=clock),
                           breaker, Timeout(1.0, clock=clock)),
         concurrency=night.worker_concurrency, max_attempts=10, visibility_timeout=30.0)
-    waits: list[float] = []
+    return checkout, worker
 
-    async def order(n: int) -> None:
+
+class Sale:
+    """The night's traffic: orders arriving, the worker draining, until the queue is empty."""
+
+    def __init__(self, night: Night, clock: FakeClock, report: Report) -> None:
+        self.night, self.clock, self.report = night, clock, report
+        self.total = int(night.orders_per_s * night.sale_ends + 0.5)
+        self.provider = Provider(night, clock, self.total)
+        self.q = DeferredQueue(night.queue, clock=clock)
+        self.opened: list[float] = []
+        self.waits: list[float] = []
+        self.checkout, self.worker = policies(night, clock, self.q, self.provider,
+                                              self.on_breaker)
+
+    def on_breaker(self, event: Event) -> None:
+        if isinstance(event, StateChanged) and event.new == "open":
+            self.opened.append(event.at - self.provider.t0)
+
+    async def order(self, n: int) -> None:
+        report, clock = self.report, self.clock
         start = clock.monotonic()
         try:
-            result = await checkout.acall(provider.send_sms, n, "+8801700000000")
+            result = await self.checkout.acall(self.provider.send_sms, n, "+8801700000000")
         except Exception:
             report.failed += 1
         else:
             if isinstance(result, Deferred):
                 report.deferred += 1
                 if n % 100 == 0:  # the app resubmits 1 % of orders: the same idempotency key
-                    again = await q.adefer("send_sms", {"order": n, "to": "+8801700000000"},
-                                           key=f"sms:{n}")
+                    again = await self.q.adefer("send_sms",
+                                                {"order": n, "to": "+8801700000000"},
+                                                key=f"sms:{n}")
                     report.resubmitted += 1
                     report.resubmitted_same_job += again == result.job_id
             else:
                 report.sent_directly += 1
-        waits.append(clock.monotonic() - start)
+        self.waits.append(clock.monotonic() - start)
 
-    async def arrivals() -> None:
+    async def arrivals(self) -> None:
+        night, report = self.night, self.report
         per_tick = night.orders_per_s * night.tick
         due = 0.0
         n = 0
         tasks: set[asyncio.Task[None]] = set()
-        while n < total:
+        while n < self.total:
             due += per_tick
-            while n < min(total, int(due + 1e-9)):
-                task = asyncio.ensure_future(order(n))
+            while n < min(self.total, int(due + 1e-9)):
+                task = asyncio.ensure_future(self.order(n))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
                 n += 1
-            report.queue_peak = max(report.queue_peak, report.deferred - provider.by_worker)
+            report.queue_peak = max(report.queue_peak,
+                                    report.deferred - self.provider.by_worker)
             await asyncio.sleep(night.tick)
         report.orders = n
         while tasks:
             await asyncio.gather(*tasks)
 
-    async def until_drained() -> None:
-        await arrivals()
+    async def until_drained(self) -> None:
+        await self.arrivals()
         while True:  # the queue's own count is asked only once ours says it is empty
-            if provider.by_worker >= report.deferred:
-                stats = q.stats()
+            if self.provider.by_worker >= self.report.deferred:
+                stats = self.q.stats()
                 if stats["pending"] == 0 and stats["in_flight"] == 0:
                     break
             await asyncio.sleep(1.0)
-        worker.stop()
+        self.worker.stop()
 
-    await asyncio.gather(worker.arun(), until_drained())
-    await q.aclose()
+    async def run(self) -> None:
+        await asyncio.gather(self.worker.arun(), self.until_drained())
+        await self.q.aclose()
+        self.report.queue_end = self.q.stats()
+        self.q.close()
+        measure(self.night, self.report, self.provider, self.opened, self.waits)
 
-    report.queue_end = q.stats()
-    q.close()
+
+def measure(night: Night, report: Report, provider: Provider, opened: list[float],
+            waits: list[float]) -> None:
     report.breaker_opened = len(opened)
     after = [t - night.slow_at for t in opened if t >= night.slow_at]
     report.first_open_after_slowdown = after[0] if after else None
@@ -278,7 +298,7 @@ def simulate(night: Night) -> Report:
     clock = FakeClock()
     report = Report()
     cpu = time.process_time()
-    clock.run(night_of(night, clock, report))
+    clock.run(Sale(night, clock, report).run())
     report.cpu_seconds = time.process_time() - cpu
     return report
 

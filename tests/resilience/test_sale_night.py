@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def load_example() -> ModuleType:
     spec = importlib.util.spec_from_file_location("sale_night", ROOT / "examples" /
                                                   "sale_night.py")
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["sale_night"] = module  # dataclasses look their module up
     spec.loader.exec_module(module)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from stormguard import RedisClusterStore, RedisStore, Shaper, ShaperFull, StorageError
 from stormguard.observability.events import Event, ShaperDegraded
@@ -120,6 +121,17 @@ def test_a_pause_reaches_every_shaper_on_the_key(redis_url: str, use_async: bool
     assert info.value.reason == "paused"
     assert info.value.retry_after == pytest.approx(2.5)
     assert c.stats()["paused_for"] == pytest.approx(3.0)
+
+
+def test_a_flushed_script_cache_is_reloaded(redis_url: str) -> None:
+    clock = FakeClock()
+    (a,) = shapers(redis_url, clock, n=1)
+    a.call(lambda: None)
+    redis.Redis.from_url(redis_url).script_flush()  # a restart, a failover: NOSCRIPT
+    start = clock.monotonic()
+    a.call(lambda: None)
+    assert us(clock.monotonic()) - us(start) == 100_000
+    assert a.stats()["degraded"] == 0
 
 
 def test_a_retry_after_in_one_process_pauses_the_others(redis_url: str) -> None:

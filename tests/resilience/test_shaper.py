@@ -525,3 +525,34 @@ def test_a_full_shaper_inside_a_breaker_is_not_a_dependency_failure(clock: FakeC
         with pytest.raises(ShaperFull):
             pipe.call(lambda: None)
     assert breaker.state == "closed"
+
+
+def test_real_threads_never_leave_faster_than_the_pace() -> None:
+    """8 real threads x 25 calls through one 2,000/s shaper on the real clock (real time:
+    what is checked is that the lock makes concurrent bookings distinct slots). Lateness
+    only delays a departure, so the k-th departure is at least k intervals after the
+    first, however the OS schedules the threads."""
+    import threading
+    import time
+
+    shaper = Shaper(rate=2000, max_wait=None)
+    out: list[float] = []
+    lock = threading.Lock()
+
+    def run() -> None:
+        for _ in range(25):
+            shaper.call(lambda: None)
+            t = time.monotonic()
+            with lock:
+                out.append(t)
+
+    threads = [threading.Thread(target=run) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out.sort()
+    assert len(out) == 200
+    assert all(out[k] - out[0] >= k * 0.0005 - 0.001 for k in range(200))
+    assert shaper.stats()["departed"] == 200
+    assert shaper.waiting == 0

@@ -25,7 +25,7 @@ import redis
 from stormguard import RedisClusterStore, RedisStore, Shaper, ShaperFull, StorageError
 from stormguard.observability.events import Event, ShaperDegraded
 from stormguard.testing import FakeClock
-from tests.redis_servers import RedisCluster, free_port
+from tests.redis_servers import RedisCluster, free_port, start_redis
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -204,6 +204,37 @@ def test_on_error_allow_and_deny(clock: FakeClock) -> None:
     assert info.value.reason == "store"
     assert isinstance(info.value.__cause__, StorageError)
     assert info.value.retry_after >= 0.1
+
+
+def test_after_an_outage_bookings_go_back_to_the_shared_pace() -> None:
+    """A real server killed (SIGKILL) and restarted on its port: local pacing meanwhile,
+    the shared schedule again once the store's breaker lets a probe through."""
+    clock = FakeClock()
+    server = start_redis()
+    try:
+        store = RedisStore(server.url, time_source="client", clock=clock, timeout=0.5,
+                           breaker_threshold=1, breaker_cooldown=5.0)
+        shaper = Shaper(rate=10, max_wait=None, store=store, key="k", clock=clock,
+                        expected_instances=2)
+        other = Shaper(rate=10, max_wait=None, key="k", clock=clock,
+                       store=RedisStore(server.url, time_source="client", clock=clock,
+                                        timeout=0.5))
+        shaper.call(lambda: None)
+        server.stop()
+        start = clock.monotonic()
+        shaper.call(lambda: None)  # refused connection: local pace at 10 / 2 = 5/s
+        shaper.call(lambda: None)
+        assert us(clock.monotonic()) - us(start) == 200_000
+        assert shaper.stats()["degraded"] == 2
+        server.restart()
+        clock.advance(5.0)  # the store's breaker cooldown: the next call probes
+        shaper.call(lambda: None)
+        booked = clock.monotonic()
+        other.call(lambda: None)  # the shared schedule again: 100 ms after the probe
+        assert us(clock.monotonic()) - us(booked) == 100_000
+        assert shaper.stats()["degraded"] == 2
+    finally:
+        server.stop()
 
 
 def test_a_pause_with_the_store_down_still_pauses_this_process(clock: FakeClock) -> None:

@@ -25,10 +25,12 @@ def test_lua_files_are_package_data() -> None:
     lua = importlib.resources.files("stormguard.stores.redis") / "lua"
     names = sorted(p.name for p in lua.iterdir() if p.name.endswith(".lua"))
     assert names == ["fixed_window.lua", "gcra.lua", "leaky_bucket.lua", "main.lua",
-                     "prelude.lua", "reserve.lua", "sliding_window_counter.lua",
+                     "prelude.lua", "reserve.lua", "shaper.lua", "sliding_window_counter.lua",
                      "sliding_window_log.lua", "token_bucket.lua"]
     for name in names:
-        if name != "reserve.lua":  # the reservation's entry point (test_reserve_lua.py)
+        # the entry points of the reservation (test_reserve_lua.py) and of the shaper's
+        # bookings (test_shaper_redis.py) are not in the rate-limit script
+        if name not in ("reserve.lua", "shaper.lua"):
             assert lua.joinpath(name).read_text(encoding="utf-8") in SCRIPT
 
 

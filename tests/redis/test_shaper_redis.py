@@ -322,7 +322,9 @@ def test_four_processes_through_one_200_per_second_shaper(redis_url: str) -> Non
     assert len(set(slots)) == 1000  # every call had its own slot
     assert most_in_one_second(slots) <= 201
     assert slots[-1] - slots[0] >= 4.9
-    assert departures[-1] - departures[0] >= 4.9
+    # the run, from the first slot to the last departure (a departure is never early, so
+    # a loaded machine waking the first callers late cannot make it look shorter)
+    assert departures[-1] - slots[0] >= 4.9
     late = [d - s for s, d in pairs]
     assert min(late) >= -0.001  # nobody left before its slot (1 ms: clock reads)
     spread = max(late) - min(late)

@@ -192,6 +192,32 @@ def test_on_error_local_paces_this_process_at_its_share(clock: FakeClock) -> Non
     assert isinstance(degraded[0].error, StorageError)
 
 
+def test_on_error_on_asyncio(clock: FakeClock) -> None:
+    local = Shaper(rate=10, max_wait=None, store=dead_store(clock), key="sms", clock=clock,
+                   expected_instances=2)
+    deny = Shaper(rate=10, store=dead_store(clock), key="k", on_error="deny", clock=clock)
+    times: list[float] = []
+
+    async def record() -> None:
+        times.append(clock.monotonic())
+
+    async def main() -> Any:
+        for _ in range(3):
+            await local.acall(record)
+        try:
+            await deny.acall(record)
+        except ShaperFull as exc:
+            return exc
+        return None
+
+    start = clock.monotonic()
+    refused = clock.run(main(), autojump_threshold=0.05)  # real sockets: refusals first
+    assert [us(t) - us(start) for t in times] == [0, 200_000, 400_000]  # 10/s over 2
+    assert isinstance(refused, ShaperFull)
+    assert refused.reason == "store"
+    assert local.waiting == 0
+
+
 def test_on_error_allow_and_deny(clock: FakeClock) -> None:
     allow = Shaper(rate=10, store=dead_store(clock), key="k", on_error="allow", clock=clock)
     start = clock.monotonic()

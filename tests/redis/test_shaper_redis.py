@@ -123,6 +123,22 @@ def test_a_pause_reaches_every_shaper_on_the_key(redis_url: str, use_async: bool
     assert c.stats()["paused_for"] == pytest.approx(3.0)
 
 
+def test_the_shaper_script_books_on_the_reservations_own_state(redis_url: str) -> None:
+    """The claim of docs/redis.md: the shaper's bookings and ``store.reserve`` share one
+    key and state (the same slots, whichever is asked)."""
+    clock = FakeClock()
+    store = client_store(redis_url, clock)
+    shaper = Shaper(rate=10, max_wait=None, store=store, key="sms", clock=clock)
+    rule = shaper._rule
+    shaper.call(lambda: None)  # slot 0.0
+    r = store.reserve("sms", rule)  # the next slot: 0.1
+    assert round(r.wait, 6) == 0.1
+    start = clock.monotonic()
+    shaper.call(lambda: None)  # after the reservation: 0.2
+    assert us(clock.monotonic()) - us(start) == 200_000
+    assert store.peek("sms", rule).allowed is False  # and a peek sees the booked debt
+
+
 def test_a_flushed_script_cache_is_reloaded(redis_url: str) -> None:
     clock = FakeClock()
     (a,) = shapers(redis_url, clock, n=1)

@@ -74,6 +74,7 @@ class MemoryBackend(Backend):
                 self._schedule(entry)  # taken again when the lease ends
                 out.append(Job(str(jid), entry.task, entry.payload, entry.attempts,
                                entry.key, entry.token, entry.error))
+        out.sort(key=lambda j: int(j.id))  # as SQLite: one batch in id order
         return out
 
     def _held(self, job: Job) -> _Entry | None:

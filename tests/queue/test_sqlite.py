@@ -1,0 +1,181 @@
+"""The SQLite backend: durability settings, group commit with real threads, several
+connections on one file, and the same answers as the memory backend (Hypothesis)."""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from stormguard import ConfigError, DeferredQueue
+from stormguard.queue.backends.sqlite import GroupCommit, SQLiteBackend
+from stormguard.testing import FakeClock
+
+
+def test_wal_and_synchronous_full(tmp_path: Path) -> None:
+    q = DeferredQueue(f"sqlite:///{tmp_path / 'q.db'}")
+    q.defer("t", {})
+    conn = q.backend._group._conn  # type: ignore[attr-defined]
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    q.close()
+
+
+def test_concurrent_defers_share_commits(tmp_path: Path) -> None:
+    q = DeferredQueue(f"sqlite:///{tmp_path / 'q.db'}")
+    backend = q.backend
+    assert isinstance(backend, SQLiteBackend)
+    threads, each = 16, 40
+    ids: list[str] = []
+    lock = threading.Lock()
+    start = threading.Barrier(threads)
+
+    def produce(t: int) -> None:
+        start.wait()
+        for i in range(each):
+            job = q.defer("send_sms", {"t": t, "i": i}, key=f"{t}:{i}")
+            with lock:
+                ids.append(job)
+
+    c0 = backend.commits
+    workers = [threading.Thread(target=produce, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    commits = backend.commits - c0
+    assert len(ids) == len(set(ids)) == threads * each
+    assert q.stats()["pending"] == threads * each
+    # group commit: far fewer transactions (fsyncs) than defers
+    assert commits < threads * each / 2, commits
+    q.close()
+
+
+def test_one_failing_operation_of_a_batch_fails_alone(tmp_path: Path) -> None:
+    backend = SQLiteBackend(f"sqlite:///{tmp_path / 'q.db'}")
+    group: GroupCommit = backend._group
+    from stormguard.queue.backends.sqlite import _Pending
+
+    def insert(key: str) -> Any:
+        return lambda conn: conn.execute(
+            "INSERT INTO stormguard_jobs (task, payload, key, ready, created) "
+            "VALUES ('t', '{}', ?, 0, 0)", (key,)).lastrowid
+
+    def broken(conn: Any) -> None:
+        conn.execute("INSERT INTO stormguard_jobs (task, payload, key, ready, created) "
+                     "VALUES ('t', '{}', 'b', 0, 0)")
+        raise ValueError("half-done operation")
+
+    batch = [_Pending(insert("a")), _Pending(broken), _Pending(insert("c"))]
+    group._execute(batch)
+    assert [op.done for op in batch] == [True, True, True]
+    assert isinstance(batch[1].error, ValueError)
+    assert batch[0].error is None
+    assert batch[2].error is None
+    keys = [r[0] for r in group._conn.execute(  # type: ignore[union-attr]
+        "SELECT key FROM stormguard_jobs ORDER BY id")]
+    assert keys == ["a", "c"]  # the failed operation left nothing behind
+    backend.close()
+
+
+def test_two_connections_share_one_file(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    a, b = DeferredQueue(url), DeferredQueue(url)
+    assert a.defer("t", {"n": 1}, key="k") == b.defer("t", {"n": 1}, key="k")
+    b.defer("t", {"n": 2})
+    seen: list[int] = []
+
+    def record(n: int) -> None:
+        seen.append(n)
+
+    assert a.worker({"t": record}).drain(timeout=10)
+    assert sorted(seen) == [1, 2]
+    assert b.stats() == {"pending": 0, "in_flight": 0, "dead": 0}
+    a.close()
+    b.close()
+
+
+def test_bad_urls(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="must name a database file"):
+        DeferredQueue("sqlite://")
+    with pytest.raises(ConfigError, match="must name a database file"):
+        DeferredQueue("sqlite://:memory:")
+    with pytest.raises(ConfigError, match="does not exist"):
+        DeferredQueue(f"sqlite:///{tmp_path}/no/such/dir/q.db")
+    with pytest.raises(ConfigError, match="unknown scheme 'postgres'"):
+        DeferredQueue("postgres://db/q")
+    with pytest.raises(ConfigError, match="stream: applies to Redis queues only"):
+        DeferredQueue(f"sqlite:///{tmp_path}/q.db", stream="sms")
+    with pytest.raises(ConfigError, match="is not an option of memory://"):
+        DeferredQueue("memory://", busy_timeout=3)
+
+
+def test_memory_queue_says_it_is_not_durable(caplog: pytest.LogCaptureFixture) -> None:
+    q = DeferredQueue("memory://")
+    assert q.durable is False
+    assert "not durable" in repr(q)
+    assert "is not durable" in caplog.text
+
+
+# -- the same answers as the memory backend, on random histories --------------------------
+OPS = st.lists(st.one_of(
+    st.tuples(st.just("defer"), st.sampled_from([None, "a", "b", "c"])),
+    st.tuples(st.just("take"), st.integers(1, 3)),
+    st.tuples(st.sampled_from(["ack", "fail", "release", "bury"]), st.integers(0, 5)),
+    st.tuples(st.just("advance"), st.sampled_from([0.5, 3.0, 11.0])),
+    st.tuples(st.just("retry_dead"), st.none()),
+), max_size=40)
+
+
+def replay(url: str, ops: list[tuple[str, Any]]) -> list[Any]:
+    clock = FakeClock()
+    q = DeferredQueue(url, clock=clock)
+    b = q.backend
+    held: list[Any] = []
+    names: dict[str, int] = {}  # job id -> the order it was first seen (ids differ)
+    out: list[Any] = []
+    n = 0
+
+    def name(job_id: str) -> int:
+        return names.setdefault(job_id, len(names))
+
+    for op, arg in ops:
+        now = clock.wall()
+        if op == "defer":
+            n += 1
+            out.append(("defer", name(q.defer("t", {"n": n}, key=arg))))
+        elif op == "take":
+            jobs = b.take(arg, now, 10.0, "w")
+            held.extend(jobs)
+            out.append(("take", [(name(j.id), j.attempts, j.arguments()) for j in jobs]))
+        elif op == "advance":
+            clock.advance(arg)
+        elif op == "retry_dead":
+            out.append(("retry_dead", q.retry_dead()))
+        elif held:
+            job = held.pop(arg % len(held))
+            if op == "ack":
+                ok = b.ack(job)
+            elif op == "fail":
+                ok = b.retry_later(job, now + 2.0, job.attempts + 1, "boom")
+            elif op == "release":
+                ok = b.release(job, now)
+            else:
+                ok = b.bury(job, job.attempts + 1, "dead", now)
+            out.append((op, ok))
+        out.append(q.stats())
+    out.append([(name(d.id), d.attempts, d.error, d.payload) for d in q.dead()])
+    q.close()
+    return out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(OPS)
+def test_sqlite_answers_as_the_memory_backend(ops: list[tuple[str, Any]]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        assert replay(f"sqlite:///{tmp}/q.db", ops) == replay("memory://", ops)

@@ -1,0 +1,137 @@
+"""The Redis Streams backend: leases on the server's clock (real time), a cluster, a
+server that stops answering, a stream deleted under the worker."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+
+from stormguard import DeferredQueue, StorageError
+from tests.redis_servers import RedisCluster, RedisServer, start_redis
+
+
+def _stream() -> str:
+    return f"r-{uuid.uuid4().hex[:10]}"
+
+
+def test_an_expired_lease_is_claimed_by_another_consumer(redis_url: str) -> None:
+    # real time: XAUTOCLAIM measures idleness on the Redis server's clock
+    stream = _stream()
+    a = DeferredQueue(redis_url, stream=stream, consumer="a")
+    b = DeferredQueue(redis_url, stream=stream, consumer="b")
+    job = a.defer("send_sms", {"order": 1}, key="sms:1")
+    [held] = a.backend.take(1, a.clock.wall(), 0.2, "a")
+    assert a.stats() == {"pending": 0, "in_flight": 1, "dead": 0}
+    assert b.backend.take(1, b.clock.wall(), 0.2, "b") == []  # leased to a
+    seen: list[int] = []
+
+    def record(order: int) -> None:
+        seen.append(order)
+
+    t0 = time.monotonic()
+    assert b.worker({"send_sms": record}, visibility_timeout=0.2,
+                    poll_interval=0.02).drain(timeout=10)
+    assert time.monotonic() - t0 >= 0.15
+    assert seen == [1]
+    assert not a.backend.ack(held)  # a's lease was lost: its answer changes nothing
+    assert held.id == job
+    assert b.stats() == {"pending": 0, "in_flight": 0, "dead": 0}
+    # the key was freed with the job
+    assert b.defer("send_sms", {"order": 1}, key="sms:1") != job
+    a.close()
+    b.close()
+
+
+def test_a_cluster_queue(redis_cluster: RedisCluster) -> None:
+    for node in redis_cluster.nodes:
+        node.client().flushall()
+    q = DeferredQueue(redis_cluster.url, stream="sms")
+    ids = [q.defer("send_sms", {"order": i}, key=f"sms:{i % 5}") for i in range(10)]
+    assert len(set(ids)) == 5
+    seen: list[int] = []
+
+    def send(order: int) -> None:
+        if order == 4:
+            raise RuntimeError("bad number")
+        seen.append(order)
+
+    assert q.worker({"send_sms": send}, max_attempts=2,
+                    backoff=lambda n: 0.05).drain(timeout=20)
+    assert sorted(seen) == [0, 1, 2, 3]
+    [dead] = q.dead()
+    assert (dead.payload, dead.attempts, dead.error) == ({"order": 4}, 2,
+                                                         "RuntimeError: bad number")
+    assert q.retry_dead() == 1
+    assert q.stats() == {"pending": 1, "in_flight": 0, "dead": 0}
+    q.close()
+
+
+@pytest.mark.slow
+def test_the_worker_rides_out_a_server_that_stops_answering() -> None:
+    # real time: a real redis-server frozen with SIGSTOP, and the worker's real timeouts
+    server: RedisServer = start_redis()
+    try:
+        q = DeferredQueue(server.url, stream="sms", timeout=0.2, connect_timeout=0.2)
+        for i in range(20):
+            q.defer("send_sms", {"order": i})
+        seen: list[int] = []
+        frozen = threading.Event()
+
+        def send(order: int) -> None:
+            seen.append(order)
+            if len(seen) == 5 and not frozen.is_set():
+                frozen.set()
+                server.pause()  # the ack of this job and everything after time out
+
+        worker = q.worker({"send_sms": send}, concurrency=1, visibility_timeout=0.5,
+                          poll_interval=0.05)
+        thread = threading.Thread(target=worker.run)
+        thread.start()
+        try:
+            assert frozen.wait(10)
+            time.sleep(1.0)  # real time: the worker keeps failing against a frozen server
+            assert thread.is_alive()  # it logs and goes on; it does not die
+            with pytest.raises(StorageError):
+                q.defer("send_sms", {"order": 99})  # and the producer sees a clear error
+        finally:
+            server.resume()
+        give_up = time.monotonic() + 15
+        while set(seen) != set(range(20)) and time.monotonic() < give_up:
+            time.sleep(0.05)  # real time: waiting for the worker thread
+        worker.stop()
+        thread.join(10)
+        assert set(seen) >= set(range(20))  # nothing lost (the timed-out ack: once more)
+        q.close()
+    finally:
+        server.resume()
+        server.stop()
+
+
+def test_a_stream_deleted_under_the_worker_is_made_again(redis_server: RedisServer,
+                                                          redis_url: str) -> None:
+    stream = _stream()
+    q = DeferredQueue(redis_url, stream=stream)
+    q.defer("t", {})
+    redis_server.client().delete("{" + stream + "}:jobs")
+    assert q.stats() == {"pending": 0, "in_flight": 0, "dead": 0}
+    q.defer("t", {"n": 1})
+    seen: list[int] = []
+
+    def record(n: int) -> None:
+        seen.append(n)
+
+    assert q.worker({"t": record}).drain(timeout=10)
+    assert seen == [1]
+    q.close()
+
+
+def test_bad_redis_options(redis_url: str) -> None:
+    from stormguard import ConfigError
+
+    with pytest.raises(ConfigError, match="stream: must not contain"):
+        DeferredQueue(redis_url, stream="a{b}")
+    with pytest.raises(ConfigError, match="stream: must not be empty"):
+        DeferredQueue(redis_url, stream="")

@@ -19,11 +19,38 @@ from stormguard.testing import FakeClock
 
 def test_wal_and_synchronous_full(tmp_path: Path) -> None:
     q = DeferredQueue(f"sqlite:///{tmp_path / 'q.db'}")
+    backend = q.backend
+    assert isinstance(backend, SQLiteBackend)
+    seen: list[tuple[str, int]] = []
+
+    def spy_on(group: GroupCommit) -> None:
+        commit = group._transaction
+
+        def spy(conn: Any, batch: Any, *, isolated: bool) -> None:
+            commit(conn, batch, isolated=isolated)
+            seen.append((conn.execute("PRAGMA journal_mode").fetchone()[0],
+                         conn.execute("PRAGMA synchronous").fetchone()[0]))
+
+        group._transaction = spy  # type: ignore[method-assign]
+
+    spy_on(backend._group)
     q.defer("t", {})
-    conn = q.backend._group._conn  # type: ignore[attr-defined]
-    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    assert seen[-1] == ("wal", 2)  # a defer commits with synchronous=FULL: fsynced
+    [job] = backend.take(1, q.clock.wall(), 30.0, "w")
+    assert seen[-1] == ("wal", 1)  # a lease: NORMAL (lost with the machine: delivered again)
+    assert backend.retry_later(job, q.clock.wall(), 1, "boom")
+    assert seen[-1] == ("wal", 2)  # a failed attempt is recorded durably
+    [job] = backend.take(1, q.clock.wall() + 5, 30.0, "w")
+    assert backend.ack(job)
+    assert seen[-1] == ("wal", 1)
     q.close()
+    strict = SQLiteBackend(f"sqlite:///{tmp_path / 'q.db'}", durable_acks=True)
+    strict.put("t", "{}", None, 0.0)
+    [job] = strict.take(1, 1.0, 30.0, "w")
+    spy_on(strict._group)
+    assert strict.ack(job)
+    assert seen[-1] == ("wal", 2)
+    strict.close()
 
 
 def test_concurrent_defers_share_commits(tmp_path: Path) -> None:

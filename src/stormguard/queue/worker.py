@@ -164,7 +164,8 @@ class Worker:
         backend = self.queue.backend
         if exc is None:
             if backend.ack(job):
-                self.completed += 1
+                with self._pause_lock:
+                    self.completed += 1
             return
         pause = pause_for(exc, self.poll_interval)
         if pause is not None:
@@ -174,7 +175,8 @@ class Worker:
                 self._emit(WorkerPaused(self.name, self.clock.monotonic(), job.task, job.id,
                                         pause, type(exc).__name__))
             return
-        self.failures += 1
+        with self._pause_lock:
+            self.failures += 1
         failures = job.attempts + 1
         error = describe(exc)
         if failures >= self.max_attempts:

@@ -407,3 +407,43 @@ def test_circuit_open_from_the_handler_itself_counts_the_same(
     assert queue.worker({"send_sms": rec}, max_attempts=1).drain(timeout=60)
     assert rec.calls[1][0] - rec.calls[0][0] >= 12.0 - 1e-6
     assert queue.dead() == []
+
+
+def test_asyncio_worker_with_a_breaker_and_a_timeout(queue: DeferredQueue,
+                                                     clock: FakeClock) -> None:
+    """The whole flow on FakeClock.run: a slow provider times out, the breaker opens, the
+    worker waits it out without spending attempts, then every job is delivered."""
+    from stormguard import Timeout
+
+    breaker = CircuitBreaker(window=4, failure_rate=0.5, min_calls=4, open_for=30.0,
+                             half_open_calls=1, clock=clock)
+    pipeline = Pipeline(breaker, Timeout(1.0, clock=clock))
+    slow_until = clock.monotonic() + 20.0
+    delivered: list[int] = []
+    events: list[object] = []
+
+    async def send(order: int) -> None:
+        if clock.monotonic() < slow_until:
+            await asyncio.sleep(5.0)  # virtual: the provider takes 5 s, the timeout 1 s
+        delivered.append(order)
+
+    for i in range(30):
+        queue.defer("send_sms", {"order": i}, key=f"sms:{i}")
+
+    async def main() -> bool:
+        worker = queue.worker({"send_sms": send}, pipeline=pipeline, concurrency=4,
+                              max_attempts=3, backoff=EXACT, listeners=(events.append,))
+        return await worker.adrain(timeout=600)
+
+    t0 = clock.monotonic()
+    assert clock.run(main()) is True
+    assert sorted(delivered) == list(range(30))  # each exactly once
+    assert queue.stats() == {"pending": 0, "in_flight": 0, "dead": 0}
+    paused = [e for e in events if isinstance(e, WorkerPaused)]
+    assert paused
+    assert all(e.reason == "CircuitOpen" for e in paused)
+    # the timed-out attempts were failed attempts, but none reached max_attempts
+    retried = [e for e in events if isinstance(e, JobRetryScheduled)]
+    assert retried
+    assert all(e.error.startswith("DeadlineExceeded") for e in retried)
+    assert clock.monotonic() - t0 >= 30.0

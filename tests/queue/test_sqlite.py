@@ -206,3 +206,25 @@ def replay(url: str, ops: list[tuple[str, Any]]) -> list[Any]:
 def test_sqlite_answers_as_the_memory_backend(ops: list[tuple[str, Any]]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         assert replay(f"sqlite:///{tmp}/q.db", ops) == replay("memory://", ops)
+
+
+def test_a_forked_child_opens_its_own_connection(tmp_path: Path) -> None:
+    import os
+
+    q = DeferredQueue(f"sqlite:///{tmp_path / 'q.db'}")
+    q.defer("t", {"n": 0})
+    parent_conn = q.backend._group._conn  # type: ignore[attr-defined]
+    pid = os.fork()
+    if pid == 0:  # the child: defers through a connection of its own, then exits
+        try:
+            q.defer("t", {"n": 1})
+            ok = q.backend._group._conn is not parent_conn  # type: ignore[attr-defined]
+            os._exit(0 if ok else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    q.defer("t", {"n": 2})  # the parent's connection still works
+    assert q.backend._group._conn is parent_conn  # type: ignore[attr-defined]
+    assert q.stats()["pending"] == 3
+    q.close()

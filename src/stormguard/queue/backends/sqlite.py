@@ -93,6 +93,7 @@ class GroupCommit:
     def __init__(self, connect: Callable[[], sqlite3.Connection]) -> None:
         self._connect = connect
         self._conn: sqlite3.Connection | None = None
+        self._pid = os.getpid()
         self._lock = threading.Lock()
         self._queue: list[_Pending] = []
         self._busy = False
@@ -138,8 +139,11 @@ class GroupCommit:
 
     def _execute(self, batch: list[_Pending]) -> None:
         try:
-            if self._conn is None:
+            if self._conn is None or self._pid != os.getpid():
+                # a connection must not cross a fork (gunicorn --preload): the child
+                # opens its own and leaves the parent's alone
                 self._conn = self._connect()
+                self._pid = os.getpid()
                 self._full = True
             try:
                 self._transaction(self._conn, batch, isolated=False)

@@ -447,3 +447,34 @@ def test_asyncio_worker_with_a_breaker_and_a_timeout(queue: DeferredQueue,
     assert retried
     assert all(e.error.startswith("DeadlineExceeded") for e in retried)
     assert clock.monotonic() - t0 >= 30.0
+
+
+def test_a_job_that_keeps_killing_its_worker_goes_to_the_dead_letters(
+        make_queue: MakeQueue, clock: FakeClock, backend: str) -> None:
+    if backend == "redis":
+        pytest.skip("lease expiry on the server's clock: covered in test_redis.py")
+    queue = make_queue(clock)
+    job = queue.defer("send_sms", {"order": 1})
+    for lost in range(3):  # three workers take it and die with it (their leases end)
+        [held] = queue.backend.take(1, clock.wall(), 10.0, f"doomed-{lost}")
+        assert held.lost == lost
+        clock.advance(10.5)
+    rec = Recorder(clock)
+    assert queue.worker({"send_sms": rec}, max_attempts=3).drain(timeout=10)
+    assert rec.calls == []  # not run a fourth time
+    [dead] = queue.dead()
+    assert (dead.id, dead.attempts) == (job, 0)
+    assert dead.error.startswith("lost 3 times: its worker crashed")
+
+
+def test_a_handed_back_job_is_not_counted_as_lost(queue: DeferredQueue,
+                                                  clock: FakeClock) -> None:
+    queue.defer("send_sms", {"order": 1})
+    for _ in range(5):
+        [held] = queue.backend.take(1, clock.wall(), 10.0, "w")
+        assert held.lost == 0
+        assert queue.backend.release(held, clock.wall())
+    [held] = queue.backend.take(1, clock.wall(), 10.0, "w")
+    assert queue.backend.retry_later(held, clock.wall(), 1, "boom")
+    [held] = queue.backend.take(1, clock.wall() + 1, 10.0, "w")
+    assert (held.lost, held.attempts) == (0, 1)

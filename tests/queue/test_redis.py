@@ -135,3 +135,30 @@ def test_bad_redis_options(redis_url: str) -> None:
         DeferredQueue(redis_url, stream="a{b}")
     with pytest.raises(ConfigError, match="stream: must not be empty"):
         DeferredQueue(redis_url, stream="")
+
+
+def test_leases_that_end_unanswered_are_counted(redis_url: str) -> None:
+    # real time: XAUTOCLAIM measures idleness on the Redis server's clock
+    q = DeferredQueue(redis_url, stream=_stream())
+    job = q.defer("send_sms", {"order": 1})
+    lost = []
+    for _ in range(3):
+        [held] = q.backend.take(1, q.clock.wall(), 0.05, "doomed")
+        lost.append(held.lost)
+        time.sleep(0.08)  # real time: let the lease end on the server's clock
+    assert lost == [0, 1, 2]
+    seen: list[int] = []
+
+    def record(order: int) -> None:
+        seen.append(order)
+
+    assert q.worker({"send_sms": record}, max_attempts=3, visibility_timeout=0.05,
+                    poll_interval=0.02).drain(timeout=10)
+    assert seen == []
+    [dead] = q.dead()
+    assert dead.id == job
+    assert dead.error.startswith("lost 3 times")
+    assert q.retry_dead() == 1  # a fresh start: no lost leases counted any more
+    [again] = q.backend.take(1, q.clock.wall(), 30.0, "w")
+    assert again.lost == 0
+    q.close()

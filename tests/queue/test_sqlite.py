@@ -179,7 +179,8 @@ def replay(url: str, ops: list[tuple[str, Any]]) -> list[Any]:
         elif op == "take":
             jobs = b.take(arg, now, 10.0, "w")
             held.extend(jobs)
-            out.append(("take", [(name(j.id), j.attempts, j.arguments()) for j in jobs]))
+            out.append(("take", [(name(j.id), j.attempts, j.lost, j.arguments())
+                                 for j in jobs]))
         elif op == "advance":
             clock.advance(arg)
         elif op == "retry_dead":

@@ -7,7 +7,8 @@ through a pipeline, at least once.
 * A failed attempt is retried after ``backoff(failures)`` seconds (a
   :class:`~stormguard.TransientError`'s ``retry_after`` when longer); after
   ``max_attempts`` failed attempts the job goes to the dead letters with its last error.
-  A job whose task has no handler goes there at once.
+  A job whose task has no handler goes there at once; so does a job whose lease ended
+  unanswered ``max_attempts`` times (a job that crashes or hangs its worker).
 * ``CircuitOpen`` and ``ShaperFull`` (any StormguardError with a numeric ``retry_after``)
   from the pipeline are not failed attempts: the job is pending again at once, its
   attempts unchanged, and the worker takes no work until the breaker's ``remaining``
@@ -132,6 +133,10 @@ class Worker:
     # -- decisions (no blocking, no awaiting but the backend's own calls) ----------------
     def _handler(self, job: Job) -> tuple[Callable[..., Any], dict[str, Any]] | None:
         """The handler and its arguments; None when the job went to the dead letters."""
+        if job.lost >= self.max_attempts:
+            self._bury(job, job.attempts, f"lost {job.lost} times: its worker crashed, was "
+                       "killed or hung past visibility_timeout while running it")
+            return None
         handler = self.handlers.get(job.task)
         if handler is None:
             self._bury(job, job.attempts, f"unknown task {job.task!r}: the worker has no "

@@ -46,6 +46,7 @@ CREATE TABLE IF NOT EXISTS stormguard_jobs (
     ready REAL NOT NULL,
     token TEXT,
     error TEXT,
+    lost INTEGER NOT NULL DEFAULT 0,
     created REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS stormguard_jobs_ready ON stormguard_jobs (ready, id);
@@ -279,12 +280,13 @@ class SQLiteBackend(Backend):
 
         def op(conn: sqlite3.Connection) -> list[Job]:
             rows = conn.execute(
-                "UPDATE stormguard_jobs SET ready = ?, token = ? WHERE id IN ("
-                "SELECT id FROM stormguard_jobs WHERE ready <= ? ORDER BY ready, id LIMIT ?) "
-                "RETURNING id, task, payload, attempts, key, error",
+                "UPDATE stormguard_jobs SET ready = ?, token = ?, lost = lost + "
+                "(token IS NOT NULL) WHERE id IN (SELECT id FROM stormguard_jobs "
+                "WHERE ready <= ? ORDER BY ready, id LIMIT ?) "
+                "RETURNING id, task, payload, attempts, key, error, lost",
                 (now + lease, token, now, n)).fetchall()
             rows.sort()
-            return [Job(str(r[0]), r[1], r[2], r[3], r[4], token, r[5]) for r in rows]
+            return [Job(str(r[0]), r[1], r[2], r[3], r[4], token, r[5], r[6]) for r in rows]
 
         # a lease lost with the machine leaves its job pending: nothing to fsync for
         result: list[Job] = self._run(op, durable=False)

@@ -1,6 +1,7 @@
 """Child processes of the durability tests (run as a script: ``python procs.py ...``).
 
-``worker URL STREAM LOG CONCURRENCY VT``: drains the queue forever; the handler appends
+``worker URL STREAM LOG CONCURRENCY VT``: writes ``ready`` to LOG, then drains the queue
+forever; the handler appends
 ``start <i>`` and, just before returning, ``done <i>`` to LOG (one ``os.write`` each on an
 ``O_APPEND`` file: whole lines, and in the page cache once written, so a SIGKILL of this
 process loses none).
@@ -35,8 +36,10 @@ def worker(url: str, stream: str, log: str, concurrency: int, vt: float) -> None
         time.sleep(0.004)  # real time: a real provider call, so the kill lands mid-drain
         os.write(fd, f"done {i}\n".encode())
 
-    q.worker({"job": handle}, concurrency=concurrency, visibility_timeout=vt,
-             poll_interval=0.02).run()
+    worker = q.worker({"job": handle}, concurrency=concurrency, visibility_timeout=vt,
+                      poll_interval=0.02)
+    os.write(fd, b"ready\n")
+    worker.run()
 
 
 def producer(url: str, stream: str, log: str, threads: int) -> None:

@@ -398,6 +398,8 @@ def test_worker_arguments_are_checked(queue: DeferredQueue) -> None:
         queue.worker({}, visibility_timeout=-1)
     with pytest.raises(ConfigError, match="pipeline"):
         queue.worker({}, pipeline="breaker")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="must not hold a queue's fallback"):
+        queue.worker({}, pipeline=Pipeline(queue.fallback("t"), CircuitBreaker()))
 
 
 def test_circuit_open_from_the_handler_itself_counts_the_same(

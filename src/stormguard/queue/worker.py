@@ -97,6 +97,12 @@ class Worker:
                 raise ConfigError(f"handlers[{task!r}]", fn, "must be callable")
         if pipeline is not None and not isinstance(pipeline, Policy):
             raise ConfigError("pipeline", pipeline, "must be a stormguard policy or Pipeline")
+        from stormguard.queue.fallback import DeferFallback
+
+        layers = getattr(pipeline, "policies", (pipeline,))
+        if any(isinstance(p, DeferFallback) for p in layers):
+            raise ConfigError("pipeline", pipeline, "must not hold a queue's fallback: a "
+                              "job that fails would be deferred again instead of retried")
         if backoff is not None and not callable(backoff):
             raise ConfigError("backoff", backoff, "must be a function of the number of "
                               "failed attempts giving seconds (e.g. stormguard.queue.Backoff)")

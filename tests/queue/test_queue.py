@@ -480,3 +480,19 @@ def test_a_handed_back_job_is_not_counted_as_lost(queue: DeferredQueue,
     assert queue.backend.retry_later(held, clock.wall(), 1, "boom")
     [held] = queue.backend.take(1, clock.wall() + 1, 10.0, "w")
     assert (held.lost, held.attempts) == (0, 1)
+
+
+def test_async_handlers_need_the_asyncio_worker(queue: DeferredQueue, clock: FakeClock) -> None:
+    async def send(order: int) -> None: ...
+
+    queue.defer("send_sms", {"order": 1})
+    with pytest.raises(ConfigError, match=r"handlers\['send_sms'\]: is async"):
+        queue.worker({"send_sms": send}).drain(timeout=1)
+    assert queue.stats() == {"pending": 1, "in_flight": 0, "dead": 0}  # nothing taken
+
+    def sneaky(order: int) -> object:
+        return send(order)  # a sync function returning a coroutine
+
+    assert queue.worker({"send_sms": sneaky}, max_attempts=1).drain(timeout=10)
+    [dead] = queue.dead()  # never acknowledged as done
+    assert "returned an awaitable" in dead.error

@@ -266,9 +266,14 @@ class Worker:
         handler, kwargs = found
         try:
             if self.pipeline is not None:
-                self.pipeline.call(handler, **kwargs)
+                result = self.pipeline.call(handler, **kwargs)
             else:
-                handler(**kwargs)
+                result = handler(**kwargs)
+            if inspect.isawaitable(result):  # never run: not done, so not acknowledged
+                if inspect.iscoroutine(result):
+                    result.close()
+                raise TypeError(f"the handler of {job.task!r} returned an awaitable: "
+                                "async handlers run with arun() / adrain()")
         except Exception as exc:
             self._settle(job, exc)
         else:
@@ -291,6 +296,10 @@ class Worker:
         return self._loop(drain=True, timeout=timeout)
 
     def _loop(self, *, drain: bool, timeout: float | None) -> bool:
+        for task, fn in self.handlers.items():
+            if inspect.iscoroutinefunction(fn):
+                raise ConfigError(f"handlers[{task!r}]", fn, "is async: run it with "
+                                  "await worker.arun() or await worker.adrain()")
         clock = self.clock
         end = None if timeout is None else clock.monotonic() + timeout
         pool = concurrent.futures.ThreadPoolExecutor(
@@ -347,7 +356,10 @@ class Worker:
         fn: Callable[..., Any] = handler
         if not inspect.iscoroutinefunction(handler):
             async def fn(**kw: Any) -> Any:
-                return handler(**kw)
+                result = handler(**kw)
+                if inspect.isawaitable(result):  # a partial of an async function, ...
+                    result = await result
+                return result
         try:
             if self.pipeline is not None:
                 await self.pipeline.acall(fn, **kwargs)

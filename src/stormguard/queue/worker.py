@@ -1,8 +1,10 @@
 """The worker: takes jobs from a :class:`~stormguard.DeferredQueue` and runs their handlers
 through a pipeline, at least once.
 
-* A job leaves the queue only after its handler returned; a job whose worker died is
-  taken again when its lease (``visibility_timeout``) ends. A worker renews the leases
+* A job leaves the queue only after its handler returned (the dispatcher acknowledges
+  the jobs done since its last round together with its next take: one round trip, one
+  transaction); a job whose worker died is taken again when its lease
+  (``visibility_timeout``) ends. A worker renews the leases
   of the jobs it is still working on every half ``visibility_timeout``.
 * A failed attempt is retried after ``backoff(failures)`` seconds (a
   :class:`~stormguard.TransientError`'s ``retry_after`` when longer); after
@@ -24,6 +26,7 @@ running then may finish later; its job runs again, at least once).
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import inspect
 import itertools
@@ -120,6 +123,7 @@ class Worker:
         self.owner = (f"{socket.gethostname()}-{os.getpid()}-{next(_owners)}-"
                       f"{uuid.uuid4().hex[:8]}")
         self._stop = threading.Event()
+        self._done: collections.deque[Job] = collections.deque()
         self._pause_lock = threading.Lock()
         self._paused_until = float("-inf")
         self.completed = 0
@@ -174,9 +178,7 @@ class Worker:
     def _outcome(self, job: Job, exc: BaseException | None) -> None:
         backend = self.queue.backend
         if exc is None:
-            if backend.ack(job):
-                with self._pause_lock:
-                    self.completed += 1
+            self._done.append(job)  # acknowledged by the dispatcher's next round
             return
         pause = pause_for(exc, self.poll_interval)
         if pause is not None:
@@ -207,15 +209,30 @@ class Worker:
         with self._pause_lock:
             self._paused_until = max(self._paused_until, until)
 
-    def _take(self, n: int) -> list[Job]:
+    def _round(self, n: int) -> list[Job]:
+        """Acknowledge the jobs done since the last round and take up to ``n`` more, in
+        one call to the backend (one round trip, one transaction)."""
+        done: list[Job] = []
+        while True:
+            try:
+                done.append(self._done.popleft())
+            except IndexError:
+                break
+        if not done and n <= 0:
+            return []
         try:
-            return self.queue.backend.take(n, self.clock.wall(), self.visibility_timeout,
-                                           self.owner)
+            acked, jobs = self.queue.backend.finish(done, n, self.clock.wall(),
+                                                    self.visibility_timeout, self.owner)
         except StorageError as err:
-            _log.warning("stormguard worker %s: taking jobs failed (%s); trying again in "
+            self._done.extendleft(reversed(done))  # acknowledged in a later round
+            _log.warning("stormguard worker %s: the queue failed (%s); trying again in "
                          "%.3g s", self.name, err, self.poll_interval)
             self._pause(self.poll_interval)
             return []
+        if done:
+            with self._pause_lock:
+                self.completed += sum(acked)
+        return jobs
 
     def _renew(self, held: Iterable[_Held], now: float) -> None:
         due = [h for h in held if now - h.leased_at >= self.visibility_timeout / 2]
@@ -319,11 +336,11 @@ class Worker:
                 self._renew(running.values(), now)
                 wait = self._paused_until - now
                 if wait > 0:
+                    self._round(0)
                     clock.sleep(min(wait, self.poll_interval) if end is None
                                 else min(wait, self.poll_interval, end - now))
                     continue
-                free = self.concurrency - len(running)
-                jobs = self._take(free) if free > 0 else []
+                jobs = self._round(self.concurrency - len(running))
                 for job in jobs:
                     running[pool.submit(self._safe_process, job)] = _Held(job, now)
                 if jobs:
@@ -344,6 +361,7 @@ class Worker:
                 self._release(left)
             else:
                 pool.shutdown(wait=True)
+            self._round(0)  # the last acknowledgements
             self._stop.clear()
         return drained
 
@@ -405,11 +423,11 @@ class Worker:
                 self._renew(running.values(), now)
                 wait = self._paused_until - now
                 if wait > 0:
+                    self._round(0)
                     await clock.asleep(min(wait, self.poll_interval) if end is None
                                        else min(wait, self.poll_interval, end - now))
                     continue
-                free = self.concurrency - len(running)
-                jobs = self._take(free) if free > 0 else []
+                jobs = self._round(self.concurrency - len(running))
                 for job in jobs:
                     running[asyncio.ensure_future(self._asafe_process(job))] = _Held(job, now)
                 if jobs:
@@ -436,5 +454,6 @@ class Worker:
                 if running:
                     await asyncio.gather(*running, return_exceptions=True)
                 self._release(left)
+            self._round(0)  # the last acknowledgements
             self._stop.clear()
         return drained

@@ -65,41 +65,64 @@ return id
 
 # KEYS: jobs, retry, lost; ARGV: group, consumer, count, min idle ms, now ms
 # returns {entry id, fields, lost}: lost counts the leases of the job that ended unanswered
-TAKE = register("stormguard.queue.take", """
+_TAKE = """
 local function field(fields, name)
   for i = 1, #fields, 2 do
     if fields[i] == name then return fields[i + 1] end
   end
   return ''
 end
-local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[5], 'LIMIT', 0, 1000)
-for _, m in ipairs(due) do
-  local j = cjson.decode(m)
-  redis.call('XADD', KEYS[1], '*', 'id', j[1], 'task', j[2], 'payload', j[3],
-             'attempts', j[4], 'key', j[5], 'error', j[6])
-  redis.call('ZREM', KEYS[2], m)
-end
-local n = tonumber(ARGV[3])
-local out = {}
-local claimed = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[4], '0-0',
-                           'COUNT', n)
-for _, e in ipairs(claimed[2]) do
-  if e and e ~= false and e[2] then
-    local lost = redis.call('HINCRBY', KEYS[3], field(e[2], 'id'), 1)
-    out[#out + 1] = {e[1], e[2], lost}
+local function take()
+  local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[5], 'LIMIT', 0, 1000)
+  for _, m in ipairs(due) do
+    local j = cjson.decode(m)
+    redis.call('XADD', KEYS[1], '*', 'id', j[1], 'task', j[2], 'payload', j[3],
+               'attempts', j[4], 'key', j[5], 'error', j[6])
+    redis.call('ZREM', KEYS[2], m)
   end
-end
-if #out < n then
-  local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', n - #out,
-                       'STREAMS', KEYS[1], '>')
-  if r then
-    for _, e in ipairs(r[1][2]) do
-      local lost = redis.call('HGET', KEYS[3], field(e[2], 'id')) or '0'
-      out[#out + 1] = {e[1], e[2], tonumber(lost)}
+  local n = tonumber(ARGV[3])
+  local out = {}
+  local claimed = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[4], '0-0',
+                             'COUNT', n)
+  for _, e in ipairs(claimed[2]) do
+    if e and e ~= false and e[2] then
+      local lost = redis.call('HINCRBY', KEYS[3], field(e[2], 'id'), 1)
+      out[#out + 1] = {e[1], e[2], lost}
     end
   end
+  if #out < n then
+    local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', n - #out,
+                         'STREAMS', KEYS[1], '>')
+    if r then
+      for _, e in ipairs(r[1][2]) do
+        local lost = redis.call('HGET', KEYS[3], field(e[2], 'id')) or '0'
+        out[#out + 1] = {e[1], e[2], tonumber(lost)}
+      end
+    end
+  end
+  return out
 end
-return out
+"""
+TAKE = register("stormguard.queue.take", _TAKE + "return take()\n")
+
+# KEYS: jobs, retry, lost, keys; ARGV: group, consumer, count, min idle ms, now ms, then
+# (entry, key, id) per job done. Returns {acked flags, taken (as TAKE)}
+FINISH = register("stormguard.queue.finish", _OWNED + _TAKE + """
+local acked = {}
+for i = 6, #ARGV, 3 do
+  local entry, key, id = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  if owned(KEYS[1], ARGV[1], ARGV[2], entry) then
+    done(KEYS[1], ARGV[1], entry)
+    forget(KEYS[4], key, id)
+    redis.call('HDEL', KEYS[3], id)
+    acked[#acked + 1] = 1
+  else
+    acked[#acked + 1] = 0
+  end
+end
+local out = {}
+if tonumber(ARGV[3]) > 0 then out = take() end
+return {acked, out}
 """)
 
 # KEYS: jobs, keys, lost; ARGV: group, consumer, entry, key, id
@@ -252,9 +275,22 @@ class RedisBackend(Backend):
         return _text(reply)
 
     def take(self, n: int, now: float, lease: float, owner: str) -> list[Job]:
-        entries = self._script(TAKE.command(
+        return self._jobs(self._script(TAKE.command(
             (self.jobs, self.retry, self.lost),
-            (self.group, self.consumer, n, max(int(lease * 1000), 1), int(now * 1000))))
+            (self.group, self.consumer, n, max(int(lease * 1000), 1), int(now * 1000)))))
+
+    def finish(self, done: Sequence[Job], n: int, now: float, lease: float,
+               owner: str) -> tuple[list[bool], list[Job]]:
+        args: list[str | int] = [self.group, self.consumer, n, max(int(lease * 1000), 1),
+                                 int(now * 1000)]
+        for job in done:
+            args += [job.token, job.key or "", job.id]
+        acked, entries = self._script(FINISH.command(
+            (self.jobs, self.retry, self.lost, self.keys), args))
+        return [bool(a) for a in acked], self._jobs(entries)
+
+    @staticmethod
+    def _jobs(entries: Any) -> list[Job]:
         out: list[Job] = []
         for entry_id, fields, lost in entries:
             f = {_text(fields[i]): _text(fields[i + 1]) for i in range(0, len(fields), 2)}

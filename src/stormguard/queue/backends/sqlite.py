@@ -275,7 +275,27 @@ class SQLiteBackend(Backend):
         result: str = self._run(op)
         return result
 
+    def finish(self, done: Sequence[Job], n: int, now: float, lease: float,
+               owner: str) -> tuple[list[bool], list[Job]]:
+        take = self._take_op(n, now, lease, owner) if n > 0 else None
+        params = [(int(job.id), job.token) for job in done]
+
+        def op(conn: sqlite3.Connection) -> tuple[list[bool], list[Job]]:
+            acked = [conn.execute("DELETE FROM stormguard_jobs WHERE id = ? AND token = ?",
+                                  p).rowcount > 0 for p in params]
+            return acked, (take(conn) if take is not None else [])
+
+        result: tuple[list[bool], list[Job]] = self._run(
+            op, durable=bool(done) and self.durable_acks)
+        return result
+
     def take(self, n: int, now: float, lease: float, owner: str) -> list[Job]:
+        # a lease lost with the machine leaves its job pending: nothing to fsync for
+        result: list[Job] = self._run(self._take_op(n, now, lease, owner), durable=False)
+        return result
+
+    def _take_op(self, n: int, now: float, lease: float,
+                 owner: str) -> Callable[[sqlite3.Connection], list[Job]]:
         token = f"{owner}:{next(self._tokens)}"
 
         def op(conn: sqlite3.Connection) -> list[Job]:
@@ -288,9 +308,7 @@ class SQLiteBackend(Backend):
             rows.sort()
             return [Job(str(r[0]), r[1], r[2], r[3], r[4], token, r[5], r[6]) for r in rows]
 
-        # a lease lost with the machine leaves its job pending: nothing to fsync for
-        result: list[Job] = self._run(op, durable=False)
-        return result
+        return op
 
     def _change(self, sql: str, params: tuple[Any, ...], *, durable: bool = True) -> bool:
         count: int = self._run(lambda conn: conn.execute(sql, params).rowcount,

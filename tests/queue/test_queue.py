@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import math
 import threading
@@ -496,3 +497,22 @@ def test_async_handlers_need_the_asyncio_worker(queue: DeferredQueue, clock: Fak
     assert queue.worker({"send_sms": sneaky}, max_attempts=1).drain(timeout=10)
     [dead] = queue.dead()  # never acknowledged as done
     assert "returned an awaitable" in dead.error
+
+
+def test_finish_acknowledges_then_takes(make_queue: MakeQueue, clock: FakeClock,
+                                        backend: str) -> None:
+    queue = make_queue(clock)
+    ids = [queue.defer("t", {"n": i}, key=f"k{i}") for i in range(4)]
+    b = queue.backend
+    first = b.take(2, clock.wall(), 30.0, "w")
+    assert [j.id for j in first] == ids[:2]
+    stale = dataclasses.replace(first[1], token="0-1" if backend == "redis" else "nobody:1")
+    acked, more = b.finish([first[0], stale], 5, clock.wall(), 30.0, "w")
+    assert acked == [True, False]  # a lease this worker does not hold changes nothing
+    assert [j.id for j in more] == ids[2:]
+    assert queue.stats() == {"pending": 0, "in_flight": 3, "dead": 0}
+    acked, none = b.finish([first[1], *more], 0, clock.wall(), 30.0, "w")
+    assert (acked, none) == ([True, True, True], [])
+    assert queue.stats() == {"pending": 0, "in_flight": 0, "dead": 0}
+    # the keys were freed with the jobs
+    assert queue.defer("t", {"n": 0}, key="k0") not in ids

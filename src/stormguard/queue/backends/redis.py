@@ -297,6 +297,7 @@ class RedisBackend(Backend):
             out.append(Job(f["id"], f["task"], f["payload"], int(f["attempts"]),
                            f["key"] or None, _text(entry_id), f.get("error") or None,
                            int(lost)))
+        out.sort(key=lambda j: int(j.id))  # as the other backends: one batch in id order
         return out
 
     def ack(self, job: Job) -> bool:

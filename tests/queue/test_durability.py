@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from stormguard.queue import DeferredQueue
-from tests.redis_servers import RedisServer
+from tests.redis_servers import RedisCluster, RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
 PROCS = Path(__file__).with_name("procs.py")
@@ -69,15 +69,34 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
         proc.stderr.close()
 
 
-def test_a_worker_killed_mid_drain_loses_nothing(durable: tuple[str, str],
+@pytest.fixture(params=["sqlite", "redis", "redis-cluster", "sqlite-async"])
+def killed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str, str]]:
+    """(url, stream, mode) of a worker-kill run: SQLite, Redis, a Redis Cluster, and the
+    asyncio worker on SQLite."""
+    if request.param.startswith("sqlite"):
+        mode = "async" if request.param.endswith("async") else "sync"
+        yield f"sqlite:///{tmp_path / 'deferred.db'}", "", mode
+        return
+    stream = f"dur-{uuid.uuid4().hex[:10]}"
+    if request.param == "redis-cluster":
+        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        yield cluster.url, stream, "sync"
+        return
+    server: RedisServer = request.getfixturevalue("redis_server")
+    if server.proc.poll() is not None:
+        server.restart()
+    yield server.url, stream, "sync"
+
+
+def test_a_worker_killed_mid_drain_loses_nothing(killed: tuple[str, str, str],
                                                  tmp_path: Path) -> None:
-    url, stream = durable
+    url, stream, mode = killed
     n, concurrency = 400, 8
     q = _queue(url, stream)
     for i in range(n):
         q.defer("job", {"i": i}, key=f"j:{i}")
     log = tmp_path / "worker1.log"
-    child = _spawn("worker", url, stream, str(log), str(concurrency), "1.0")
+    child = _spawn("worker", url, stream, str(log), str(concurrency), "1.0", mode)
     try:
         _wait_for(child, log, lambda lines: sum(x.startswith("done") for x in lines) >= 100)
     finally:

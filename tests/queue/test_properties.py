@@ -75,7 +75,7 @@ def test_memory_worker_spends_attempts_only_on_failures(
     run("memory://", patterns, max_attempts, concurrency, asyncio_)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(PATTERNS, st.integers(1, 4), st.booleans())
 def test_sqlite_worker_spends_attempts_only_on_failures(
         patterns: list[list[str]], max_attempts: int, asyncio_: bool) -> None:

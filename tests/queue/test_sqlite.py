@@ -159,7 +159,7 @@ OPS = st.lists(st.one_of(
 ), max_size=40)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(OPS)
 def test_sqlite_answers_as_the_memory_backend(ops: list[tuple[str, Any]]) -> None:
     with tempfile.TemporaryDirectory() as tmp:

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stormguard import ConfigError, DeferredQueue
-from stormguard.queue.backends.sqlite import GroupCommit, SQLiteBackend
+from stormguard.queue.backends.sqlite import SCHEMA, GroupCommit, SQLiteBackend
 from tests.queue.histories import replay
 
 
@@ -185,4 +185,20 @@ def test_a_forked_child_opens_its_own_connection(tmp_path: Path) -> None:
     q.defer("t", {"n": 2})  # the parent's connection still works
     assert q.backend._group._conn is parent_conn  # type: ignore[attr-defined]
     assert q.stats()["pending"] == 3
+    q.close()
+
+
+def test_a_file_made_before_lost_leases_were_counted_is_upgraded(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(SCHEMA.replace("    lost INTEGER NOT NULL DEFAULT 0,\n", ""))
+    conn.execute("INSERT INTO stormguard_jobs (task, payload, ready, created) "
+                 "VALUES ('t', '{\"n\": 1}', 0, 0)")
+    conn.commit()
+    conn.close()
+    q = DeferredQueue(f"sqlite:///{path}")
+    [job] = q.backend.take(1, q.clock.wall(), 30.0, "w")
+    assert (job.arguments(), job.lost) == ({"n": 1}, 0)
     q.close()

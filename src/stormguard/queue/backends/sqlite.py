@@ -252,6 +252,10 @@ class SQLiteBackend(Backend):
                                    f"(journal_mode is {mode})")
             conn.execute("PRAGMA synchronous=FULL")
             conn.executescript(SCHEMA)
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(stormguard_jobs)")}
+            if "lost" not in columns:  # a file made before leases were counted
+                conn.execute("ALTER TABLE stormguard_jobs ADD COLUMN lost INTEGER NOT NULL "
+                             "DEFAULT 0")
         except BaseException:
             conn.close()
             raise

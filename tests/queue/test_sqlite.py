@@ -192,8 +192,10 @@ def test_a_file_made_before_lost_leases_were_counted_is_upgraded(tmp_path: Path)
     import sqlite3
 
     path = tmp_path / "old.db"
+    old = SCHEMA.replace("    lost INTEGER NOT NULL DEFAULT 0,\n", "")
+    assert "lost" not in old
     conn = sqlite3.connect(path)
-    conn.executescript(SCHEMA.replace("    lost INTEGER NOT NULL DEFAULT 0,\n", ""))
+    conn.executescript(old)
     conn.execute("INSERT INTO stormguard_jobs (task, payload, ready, created) "
                  "VALUES ('t', '{\"n\": 1}', 0, 0)")
     conn.commit()

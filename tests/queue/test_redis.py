@@ -191,3 +191,14 @@ def test_redis_answers_as_the_memory_backend(redis_server: RedisServer,
         redis_server.restart()
     redis = replay(redis_server.url, ops, lease=3600.0, stream=_stream())
     assert redis == replay("memory://", ops, lease=3600.0), ops
+
+
+def test_unknown_redis_options_are_named(redis_url: str) -> None:
+    from stormguard import ConfigError
+
+    with pytest.raises(ConfigError, match="bogus_option"):
+        DeferredQueue(redis_url, stream="x", bogus_option=1)
+    with pytest.raises(ConfigError, match="timeout: must be > 0"):
+        DeferredQueue(redis_url, stream="x", timeout=-1)
+    with pytest.raises(ConfigError, match="connect_timeout: must be"):
+        DeferredQueue(redis_url, stream="x", connect_timeout="soon")

@@ -140,6 +140,14 @@ def test_bad_urls(tmp_path: Path) -> None:
         DeferredQueue(f"sqlite:///{tmp_path}/q.db", stream="sms")
     with pytest.raises(ConfigError, match="is not an option of memory://"):
         DeferredQueue("memory://", busy_timeout=3)
+    with pytest.raises(ConfigError, match=r"bogus: is not an option of sqlite://"):
+        DeferredQueue(f"sqlite:///{tmp_path}/q.db", bogus=1)
+    with pytest.raises(ConfigError, match="busy_timeout: must be"):
+        DeferredQueue(f"sqlite:///{tmp_path}/q.db", busy_timeout=-1)
+    with pytest.raises(ConfigError, match="durable_acks: must be true or false"):
+        DeferredQueue(f"sqlite:///{tmp_path}/q.db", durable_acks="yes")
+    with pytest.raises(TypeError, match="clock: must be a stormguard Clock"):
+        DeferredQueue("memory://", clock=42)  # type: ignore[arg-type]
 
 
 def test_memory_queue_says_it_is_not_durable(caplog: pytest.LogCaptureFixture) -> None:

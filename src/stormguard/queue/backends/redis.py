@@ -225,7 +225,10 @@ class RedisBackend(Backend):
         self.jobs, self.retry = f"{tag}:jobs", f"{tag}:retry"
         self.keys, self.dead_key, self.seq = f"{tag}:keys", f"{tag}:dead", f"{tag}:seq"
         self.lost = f"{tag}:lost"
-        options.setdefault("timeout", 2.0)
+        options["timeout"] = validate.duration("timeout", options.get("timeout", 2.0))
+        if "connect_timeout" in options:
+            options["connect_timeout"] = validate.duration("connect_timeout",
+                                                           options["connect_timeout"])
         try:
             self.transport = transport_for(url, **options)
         except TypeError as exc:

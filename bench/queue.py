@@ -4,7 +4,9 @@
   limit is a raw ``BEGIN; INSERT; COMMIT`` loop writing the same row to the queue's own
   table (the same indexes) at the same durability: one fsync per job. Then ``defer`` from one
   thread, from 16 threads (group commit: concurrent defers share one fsync), and a
-  worker draining the queue (no-op handler), concurrency 1 and 8.
+  worker draining the queue (no-op handler), concurrency 1 and 8; beside them the peer
+  persist-queue (``SQLiteAckQueue``: put from 1 and 16 threads, get + ack), when
+  installed (the ``bench`` extra).
 * Redis Streams (a private redis-server on a free port, stopped at the end): the physical
   limit is a raw redis-py ``XADD`` loop (one client, one round trip per job); then
   ``defer`` (one script: idempotency key, id, ``XADD``) from one and 16 threads, and a
@@ -97,6 +99,42 @@ class Rows:
                   f"{notes.get(name, '')} |")
 
 
+def drain_rows(q: DeferredQueue, rows: Rows, todo: int) -> None:
+    """Drain ``todo`` of the jobs deferred before, with concurrency 1 and then 8 (a worker
+    with a no-op handler, in a thread, stopped once it has done ``todo``)."""
+    for conc in (1, 8):
+        left = q.stats()["pending"]
+        if left < todo:
+            break
+        w = q.worker({"send_sms": lambda order, to: None}, concurrency=conc,
+                     poll_interval=0.01)
+
+        def drain_some(w: object = w) -> None:
+            t = threading.Thread(target=w.run)  # type: ignore[attr-defined]
+            t.start()
+            while w.completed < todo:  # type: ignore[attr-defined]
+                time.sleep(0.005)  # real time: polling a worker in another thread
+            w.stop()  # type: ignore[attr-defined]
+            t.join()
+
+        secs = timed(drain_some)
+        rows.add(f"drain (take, handler, ack), concurrency {conc}",
+                 w.completed, secs)
+
+
+def persist_queue(tmp: str) -> object | None:
+    """The peer: persist-queue's SQLiteAckQueue (WAL, SQLite's default synchronous=FULL,
+    a commit per put), JSON instead of its default pickle; None when not installed."""
+    try:
+        from persistqueue import SQLiteAckQueue
+        from persistqueue.serializers import json as as_json
+    except ImportError:
+        print("(persist-queue not installed: its rows are left out)")
+        return None
+    return SQLiteAckQueue(os.path.join(tmp, "persist-queue"), multithreading=True,
+                          serializer=as_json, auto_commit=True)
+
+
 def bench_sqlite(n: int, rounds: int) -> None:
     tmp = tempfile.mkdtemp(prefix="sg-bench-queue-")
     try:
@@ -120,7 +158,12 @@ def bench_sqlite(n: int, rounds: int) -> None:
         def defer_one(i: int) -> None:
             q.defer("send_sms", payload(i), key=f"sms:{i}")
 
-        for i in range(min(per, 100)):  # warm up both files
+        peer = persist_queue(tmp)
+
+        def peer_one(i: int) -> None:
+            peer.put({"task": "send_sms", "payload": payload(i)})  # type: ignore[union-attr]
+
+        for i in range(min(per, 100)):  # warm up the files
             raw_one(-1 - i)
             defer_one(-1 - i)
         for _ in range(rounds):
@@ -134,29 +177,17 @@ def bench_sqlite(n: int, rounds: int) -> None:
                 16, per * 4, lambda i, b=base: defer_one(b + per + i))))
             commits["sixteen"] += q.backend.commits - c0  # type: ignore[attr-defined]
             commits["sixteen_ops"] += per * 4
-        # drains: the queue holds what was deferred above
-        held = q.stats()["pending"]
-        for conc in (1, 8):
-            todo = min(held // 2, per * rounds)
-            extra = q.stats()["pending"]
-            if extra < todo:
-                break
-            w = q.worker({"send_sms": lambda order, to: None}, concurrency=conc,
-                         poll_interval=0.01)
-            left = q.stats()["pending"]
-            stop_at = left - todo
-
-            def drain_some(w: object = w, stop_at: int = stop_at) -> None:
-                t = threading.Thread(target=w.run)  # type: ignore[attr-defined]
-                t.start()
-                while q.stats()["pending"] + q.stats()["in_flight"] > stop_at:
-                    time.sleep(0.005)  # real time: polling a worker in another thread
-                w.stop()  # type: ignore[attr-defined]
-                t.join()
-
-            secs = timed(drain_some)
-            done = left - q.stats()["pending"]
-            rows.add(f"drain (take, handler, ack), concurrency {conc}", done, secs)
+            if peer is not None:
+                rows.add("persist-queue SQLiteAckQueue.put, 1 thread", per,
+                         timed(lambda: [peer_one(i) for i in range(per)] and None))
+                rows.add("persist-queue SQLiteAckQueue.put, 16 threads", per * 4,
+                         timed(in_threads(16, per * 4, peer_one)))
+        drain_rows(q, rows, per * rounds)
+        if peer is not None:
+            todo = per * rounds
+            rows.add("persist-queue get + ack, 1 thread", todo,
+                     timed(lambda: [peer.ack(peer.get(block=False))  # type: ignore[union-attr]
+                                    for _ in range(todo)] and None))
         group = commits["sixteen_ops"] / max(commits["sixteen"], 1)
         scale = rows.rate("defer, 16 threads") / rows.rate("defer, 1 thread")
         rows.table("SQLite, WAL + synchronous=FULL",
@@ -194,15 +225,12 @@ def bench_redis(n: int, rounds: int) -> None:
                      timed(lambda b=b: [defer_one(b + i) for i in range(per)] and None))
             rows.add("defer, 16 threads", per * 4, timed(in_threads(
                 16, per * 4, lambda i, b=b: defer_one(b + per + i))))
-        left = q.stats()["pending"]
-        w = q.worker({"send_sms": lambda order, to: None}, concurrency=8, poll_interval=0.01)
-        secs = timed(lambda: w.drain(timeout=120))
-        rows.add("drain (take, handler, ack), concurrency 8", left - q.stats()["pending"], secs)
+        drain_rows(q, rows, per * rounds)
         rows.table("Redis Streams (one local redis-server)",
                    "raw redis-py XADD loop, 1 client (physical limit)",
                    {"defer, 1 thread": "one script per defer: key check, id, XADD",
-                    "drain (take, handler, ack), concurrency 8":
-                        "take: one script per batch; ack: one script per job"})
+                    "drain (take, handler, ack), concurrency 1":
+                        "one script per round: acknowledge the jobs done, take more"})
         q.close()
         r.close()
     finally:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from stormguard.queue import DeferredQueue
-from tests.redis_servers import RedisServer
+from tests.redis_servers import RedisCluster, RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
 PROCS = Path(__file__).with_name("procs.py")
@@ -69,15 +69,34 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
         proc.stderr.close()
 
 
-def test_a_worker_killed_mid_drain_loses_nothing(durable: tuple[str, str],
+@pytest.fixture(params=["sqlite", "redis", "redis-cluster", "sqlite-async"])
+def killed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str, str]]:
+    """(url, stream, mode) of a worker-kill run: SQLite, Redis, a Redis Cluster, and the
+    asyncio worker on SQLite."""
+    if request.param.startswith("sqlite"):
+        mode = "async" if request.param.endswith("async") else "sync"
+        yield f"sqlite:///{tmp_path / 'deferred.db'}", "", mode
+        return
+    stream = f"dur-{uuid.uuid4().hex[:10]}"
+    if request.param == "redis-cluster":
+        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        yield cluster.url, stream, "sync"
+        return
+    server: RedisServer = request.getfixturevalue("redis_server")
+    if server.proc.poll() is not None:
+        server.restart()
+    yield server.url, stream, "sync"
+
+
+def test_a_worker_killed_mid_drain_loses_nothing(killed: tuple[str, str, str],
                                                  tmp_path: Path) -> None:
-    url, stream = durable
+    url, stream, mode = killed
     n, concurrency = 400, 8
     q = _queue(url, stream)
     for i in range(n):
         q.defer("job", {"i": i}, key=f"j:{i}")
     log = tmp_path / "worker1.log"
-    child = _spawn("worker", url, stream, str(log), str(concurrency), "1.0")
+    child = _spawn("worker", url, stream, str(log), str(concurrency), "1.0", mode)
     try:
         _wait_for(child, log, lambda lines: sum(x.startswith("done") for x in lines) >= 100)
     finally:
@@ -110,10 +129,10 @@ def test_a_worker_killed_mid_drain_loses_nothing(durable: tuple[str, str],
     q.close()
 
 
-@pytest.mark.parametrize("threads", [1, 4])
 def test_a_producer_killed_mid_defer_loses_no_returned_defer(
-        durable: tuple[str, str], tmp_path: Path, threads: int) -> None:
+        durable: tuple[str, str], tmp_path: Path) -> None:
     url, stream = durable
+    threads = 4  # concurrent defers: on SQLite they share commits (group commit)
     log = tmp_path / "producer.log"
     _queue(url, stream).close()  # the schema or the group exists before the child starts
     child = _spawn("producer", url, stream, str(log), str(threads))
@@ -133,4 +152,38 @@ def test_a_producer_killed_mid_defer_loses_no_returned_defer(
     assert len(queued) == len(set(queued)), "each defer stored once"
     # what was not yet logged when the kill came is at most one defer per thread
     assert len(set(queued) - returned) <= threads
+    q.close()
+
+
+def test_worker_processes_sharing_a_queue_never_take_a_job_twice(
+        durable: tuple[str, str], tmp_path: Path) -> None:
+    """Three worker processes drain one queue at once: taking is atomic, so with no
+    crash every job runs exactly once."""
+    url, stream = durable
+    n = 200
+    q = _queue(url, stream)
+    logs = [tmp_path / f"w{k}.log" for k in range(3)]
+    children = [_spawn("worker", url, stream, str(log), "4", "30.0") for log in logs]
+
+    def done() -> list[int]:
+        return [int(x.split()[1]) for log in logs for x in _lines(log)
+                if x.startswith("done")]
+
+    try:
+        for child, log in zip(children, logs, strict=True):
+            _wait_for(child, log, lambda lines: "ready" in lines)
+        for i in range(n):  # all three are polling: they compete for every job
+            q.defer("job", {"i": i})
+        give_up = time.monotonic() + 30
+        while q.stats() != {"pending": 0, "in_flight": 0, "dead": 0}:
+            assert time.monotonic() < give_up, "the workers never finished"
+            assert all(c.poll() is None for c in children), "a worker died"
+            time.sleep(0.02)  # real time: waiting for real child processes
+    finally:
+        for c in children:
+            _kill(c)
+    counts = collections.Counter(done())
+    assert set(counts) == set(range(n))
+    assert max(counts.values()) == 1, [i for i, c in counts.items() if c > 1][:10]
+    assert sum(1 for log in logs if any(x.startswith("done") for x in _lines(log))) >= 2
     q.close()

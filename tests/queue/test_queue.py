@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import math
 import threading
@@ -398,6 +399,8 @@ def test_worker_arguments_are_checked(queue: DeferredQueue) -> None:
         queue.worker({}, visibility_timeout=-1)
     with pytest.raises(ConfigError, match="pipeline"):
         queue.worker({}, pipeline="breaker")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="must not hold a queue's fallback"):
+        queue.worker({}, pipeline=Pipeline(queue.fallback("t"), CircuitBreaker()))
 
 
 def test_circuit_open_from_the_handler_itself_counts_the_same(
@@ -407,3 +410,109 @@ def test_circuit_open_from_the_handler_itself_counts_the_same(
     assert queue.worker({"send_sms": rec}, max_attempts=1).drain(timeout=60)
     assert rec.calls[1][0] - rec.calls[0][0] >= 12.0 - 1e-6
     assert queue.dead() == []
+
+
+def test_asyncio_worker_with_a_breaker_and_a_timeout(queue: DeferredQueue,
+                                                     clock: FakeClock) -> None:
+    """The whole flow on FakeClock.run: a slow provider times out, the breaker opens, the
+    worker waits it out without spending attempts, then every job is delivered."""
+    from stormguard import Timeout
+
+    breaker = CircuitBreaker(window=4, failure_rate=0.5, min_calls=4, open_for=30.0,
+                             half_open_calls=1, clock=clock)
+    pipeline = Pipeline(breaker, Timeout(1.0, clock=clock))
+    slow_until = clock.monotonic() + 20.0
+    delivered: list[int] = []
+    events: list[object] = []
+
+    async def send(order: int) -> None:
+        if clock.monotonic() < slow_until:
+            await asyncio.sleep(5.0)  # virtual: the provider takes 5 s, the timeout 1 s
+        delivered.append(order)
+
+    for i in range(30):
+        queue.defer("send_sms", {"order": i}, key=f"sms:{i}")
+
+    async def main() -> bool:
+        worker = queue.worker({"send_sms": send}, pipeline=pipeline, concurrency=4,
+                              max_attempts=3, backoff=EXACT, listeners=(events.append,))
+        return await worker.adrain(timeout=600)
+
+    t0 = clock.monotonic()
+    assert clock.run(main()) is True
+    assert sorted(delivered) == list(range(30))  # each exactly once
+    assert queue.stats() == {"pending": 0, "in_flight": 0, "dead": 0}
+    paused = [e for e in events if isinstance(e, WorkerPaused)]
+    assert paused
+    assert all(e.reason == "CircuitOpen" for e in paused)
+    # the timed-out attempts were failed attempts, but none reached max_attempts
+    retried = [e for e in events if isinstance(e, JobRetryScheduled)]
+    assert retried
+    assert all(e.error.startswith("DeadlineExceeded") for e in retried)
+    assert clock.monotonic() - t0 >= 30.0
+
+
+def test_a_job_that_keeps_killing_its_worker_goes_to_the_dead_letters(
+        make_queue: MakeQueue, clock: FakeClock, backend: str) -> None:
+    if backend == "redis":
+        pytest.skip("lease expiry on the server's clock: covered in test_redis.py")
+    queue = make_queue(clock)
+    job = queue.defer("send_sms", {"order": 1})
+    for lost in range(3):  # three workers take it and die with it (their leases end)
+        [held] = queue.backend.take(1, clock.wall(), 10.0, f"doomed-{lost}")
+        assert held.lost == lost
+        clock.advance(10.5)
+    rec = Recorder(clock)
+    assert queue.worker({"send_sms": rec}, max_attempts=3).drain(timeout=10)
+    assert rec.calls == []  # not run a fourth time
+    [dead] = queue.dead()
+    assert (dead.id, dead.attempts) == (job, 0)
+    assert dead.error.startswith("lost 3 times: its worker crashed")
+
+
+def test_a_handed_back_job_is_not_counted_as_lost(queue: DeferredQueue,
+                                                  clock: FakeClock) -> None:
+    queue.defer("send_sms", {"order": 1})
+    for _ in range(5):
+        [held] = queue.backend.take(1, clock.wall(), 10.0, "w")
+        assert held.lost == 0
+        assert queue.backend.release(held, clock.wall())
+    [held] = queue.backend.take(1, clock.wall(), 10.0, "w")
+    assert queue.backend.retry_later(held, clock.wall(), 1, "boom")
+    [held] = queue.backend.take(1, clock.wall() + 1, 10.0, "w")
+    assert (held.lost, held.attempts) == (0, 1)
+
+
+def test_async_handlers_need_the_asyncio_worker(queue: DeferredQueue, clock: FakeClock) -> None:
+    async def send(order: int) -> None: ...
+
+    queue.defer("send_sms", {"order": 1})
+    with pytest.raises(ConfigError, match=r"handlers\['send_sms'\]: is async"):
+        queue.worker({"send_sms": send}).drain(timeout=1)
+    assert queue.stats() == {"pending": 1, "in_flight": 0, "dead": 0}  # nothing taken
+
+    def sneaky(order: int) -> object:
+        return send(order)  # a sync function returning a coroutine
+
+    assert queue.worker({"send_sms": sneaky}, max_attempts=1).drain(timeout=10)
+    [dead] = queue.dead()  # never acknowledged as done
+    assert "returned an awaitable" in dead.error
+
+
+def test_finish_acknowledges_then_takes(make_queue: MakeQueue, clock: FakeClock,
+                                        backend: str) -> None:
+    queue = make_queue(clock)
+    ids = [queue.defer("t", {"n": i}, key=f"k{i}") for i in range(4)]
+    b = queue.backend
+    first = b.take(2, clock.wall(), 30.0, "w")
+    assert [j.id for j in first] == ids[:2]
+    stale = dataclasses.replace(first[1], token="0-1" if backend == "redis" else "nobody:1")
+    acked, more = b.finish([first[0], stale], 5, clock.wall(), 30.0, "w")
+    assert acked == [True, False]  # a lease this worker does not hold changes nothing
+    assert [j.id for j in more] == ids[2:]
+    assert queue.stats() == {"pending": 0, "in_flight": 3, "dead": 0}
+    acked, none = b.finish([first[1], *more], 0, clock.wall(), 30.0, "w")
+    assert (acked, none) == ([True, True, True], [])
+    assert queue.stats() == {"pending": 0, "in_flight": 0, "dead": 0}
+    # the keys were freed with the jobs
+    assert queue.defer("t", {"n": 0}, key="k0") not in ids

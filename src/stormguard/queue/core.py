@@ -125,15 +125,16 @@ class DeferredQueue:
                pipeline: Policy | None = None, concurrency: int = 8, max_attempts: int = 10,
                visibility_timeout: float = 30.0,
                backoff: Callable[[int], float] | None = None, poll_interval: float = 0.1,
-               name: str = "worker", listeners: tuple[Listener, ...] = ()) -> Worker:
+               name: str = "worker", clock: Clock | None = None,
+               listeners: tuple[Listener, ...] = ()) -> Worker:
         """A worker calling ``handlers[job.task](**payload)`` through ``pipeline``
-        (see :class:`stormguard.queue.Worker`)."""
+        (see :class:`stormguard.queue.Worker`); ``clock`` defaults to the queue's."""
         from stormguard.queue.worker import Worker
 
         return Worker(self, handlers, pipeline=pipeline, concurrency=concurrency,
                       max_attempts=max_attempts, visibility_timeout=visibility_timeout,
                       backoff=backoff, poll_interval=poll_interval, name=name,
-                      listeners=listeners)
+                      clock=clock, listeners=listeners)
 
     # -- operating ------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:

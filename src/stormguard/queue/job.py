@@ -33,7 +33,9 @@ class Job:
     """One delivery of a job to a worker.
 
     ``attempts`` counts the failed attempts before this delivery; ``token`` is the lease
-    this delivery holds (an answer from a worker whose lease was lost changes nothing).
+    this delivery holds (an answer from a worker whose lease was lost changes nothing);
+    ``lost`` counts the deliveries whose lease ended unanswered (their worker crashed, was
+    killed or hung past its visibility timeout).
     """
 
     id: str
@@ -43,6 +45,7 @@ class Job:
     key: str | None = None
     token: str = ""
     error: str | None = None
+    lost: int = 0
 
     def arguments(self) -> dict[str, Any]:
         """The payload as the handler's keyword arguments."""

@@ -1,13 +1,16 @@
 """The worker: takes jobs from a :class:`~stormguard.DeferredQueue` and runs their handlers
 through a pipeline, at least once.
 
-* A job leaves the queue only after its handler returned; a job whose worker died is
-  taken again when its lease (``visibility_timeout``) ends. A worker renews the leases
+* A job leaves the queue only after its handler returned (the dispatcher acknowledges
+  the jobs done since its last round together with its next take: one round trip, one
+  transaction); a job whose worker died is taken again when its lease
+  (``visibility_timeout``) ends. A worker renews the leases
   of the jobs it is still working on every half ``visibility_timeout``.
 * A failed attempt is retried after ``backoff(failures)`` seconds (a
   :class:`~stormguard.TransientError`'s ``retry_after`` when longer); after
   ``max_attempts`` failed attempts the job goes to the dead letters with its last error.
-  A job whose task has no handler goes there at once.
+  A job whose task has no handler goes there at once; so does a job whose lease ended
+  unanswered ``max_attempts`` times (a job that crashes or hangs its worker).
 * ``CircuitOpen`` and ``ShaperFull`` (any StormguardError with a numeric ``retry_after``)
   from the pipeline are not failed attempts: the job is pending again at once, its
   attempts unchanged, and the worker takes no work until the breaker's ``remaining``
@@ -23,6 +26,7 @@ running then may finish later; its job runs again, at least once).
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import inspect
 import itertools
@@ -96,6 +100,12 @@ class Worker:
                 raise ConfigError(f"handlers[{task!r}]", fn, "must be callable")
         if pipeline is not None and not isinstance(pipeline, Policy):
             raise ConfigError("pipeline", pipeline, "must be a stormguard policy or Pipeline")
+        from stormguard.queue.fallback import DeferFallback
+
+        layers = getattr(pipeline, "policies", (pipeline,))
+        if any(isinstance(p, DeferFallback) for p in layers):
+            raise ConfigError("pipeline", pipeline, "must not hold a queue's fallback: a "
+                              "job that fails would be deferred again instead of retried")
         if backoff is not None and not callable(backoff):
             raise ConfigError("backoff", backoff, "must be a function of the number of "
                               "failed attempts giving seconds (e.g. stormguard.queue.Backoff)")
@@ -113,6 +123,7 @@ class Worker:
         self.owner = (f"{socket.gethostname()}-{os.getpid()}-{next(_owners)}-"
                       f"{uuid.uuid4().hex[:8]}")
         self._stop = threading.Event()
+        self._done: collections.deque[Job] = collections.deque()
         self._pause_lock = threading.Lock()
         self._paused_until = float("-inf")
         self.completed = 0
@@ -132,6 +143,10 @@ class Worker:
     # -- decisions (no blocking, no awaiting but the backend's own calls) ----------------
     def _handler(self, job: Job) -> tuple[Callable[..., Any], dict[str, Any]] | None:
         """The handler and its arguments; None when the job went to the dead letters."""
+        if job.lost >= self.max_attempts:
+            self._bury(job, job.attempts, f"lost {job.lost} times: its worker crashed, was "
+                       "killed or hung past visibility_timeout while running it")
+            return None
         handler = self.handlers.get(job.task)
         if handler is None:
             self._bury(job, job.attempts, f"unknown task {job.task!r}: the worker has no "
@@ -163,8 +178,7 @@ class Worker:
     def _outcome(self, job: Job, exc: BaseException | None) -> None:
         backend = self.queue.backend
         if exc is None:
-            if backend.ack(job):
-                self.completed += 1
+            self._done.append(job)  # acknowledged by the dispatcher's next round
             return
         pause = pause_for(exc, self.poll_interval)
         if pause is not None:
@@ -174,7 +188,8 @@ class Worker:
                 self._emit(WorkerPaused(self.name, self.clock.monotonic(), job.task, job.id,
                                         pause, type(exc).__name__))
             return
-        self.failures += 1
+        with self._pause_lock:
+            self.failures += 1
         failures = job.attempts + 1
         error = describe(exc)
         if failures >= self.max_attempts:
@@ -194,15 +209,30 @@ class Worker:
         with self._pause_lock:
             self._paused_until = max(self._paused_until, until)
 
-    def _take(self, n: int) -> list[Job]:
+    def _round(self, n: int) -> list[Job]:
+        """Acknowledge the jobs done since the last round and take up to ``n`` more, in
+        one call to the backend (one round trip, one transaction)."""
+        done: list[Job] = []
+        while True:
+            try:
+                done.append(self._done.popleft())
+            except IndexError:
+                break
+        if not done and n <= 0:
+            return []
         try:
-            return self.queue.backend.take(n, self.clock.wall(), self.visibility_timeout,
-                                           self.owner)
+            acked, jobs = self.queue.backend.finish(done, n, self.clock.wall(),
+                                                    self.visibility_timeout, self.owner)
         except StorageError as err:
-            _log.warning("stormguard worker %s: taking jobs failed (%s); trying again in "
+            self._done.extendleft(reversed(done))  # acknowledged in a later round
+            _log.warning("stormguard worker %s: the queue failed (%s); trying again in "
                          "%.3g s", self.name, err, self.poll_interval)
             self._pause(self.poll_interval)
             return []
+        if done:
+            with self._pause_lock:
+                self.completed += sum(acked)
+        return jobs
 
     def _renew(self, held: Iterable[_Held], now: float) -> None:
         due = [h for h in held if now - h.leased_at >= self.visibility_timeout / 2]
@@ -253,9 +283,14 @@ class Worker:
         handler, kwargs = found
         try:
             if self.pipeline is not None:
-                self.pipeline.call(handler, **kwargs)
+                result = self.pipeline.call(handler, **kwargs)
             else:
-                handler(**kwargs)
+                result = handler(**kwargs)
+            if inspect.isawaitable(result):  # never run: not done, so not acknowledged
+                if inspect.iscoroutine(result):
+                    result.close()
+                raise TypeError(f"the handler of {job.task!r} returned an awaitable: "
+                                "async handlers run with arun() / adrain()")
         except Exception as exc:
             self._settle(job, exc)
         else:
@@ -278,6 +313,10 @@ class Worker:
         return self._loop(drain=True, timeout=timeout)
 
     def _loop(self, *, drain: bool, timeout: float | None) -> bool:
+        for task, fn in self.handlers.items():
+            if inspect.iscoroutinefunction(fn):
+                raise ConfigError(f"handlers[{task!r}]", fn, "is async: run it with "
+                                  "await worker.arun() or await worker.adrain()")
         clock = self.clock
         end = None if timeout is None else clock.monotonic() + timeout
         pool = concurrent.futures.ThreadPoolExecutor(
@@ -297,11 +336,11 @@ class Worker:
                 self._renew(running.values(), now)
                 wait = self._paused_until - now
                 if wait > 0:
+                    self._round(0)
                     clock.sleep(min(wait, self.poll_interval) if end is None
                                 else min(wait, self.poll_interval, end - now))
                     continue
-                free = self.concurrency - len(running)
-                jobs = self._take(free) if free > 0 else []
+                jobs = self._round(self.concurrency - len(running))
                 for job in jobs:
                     running[pool.submit(self._safe_process, job)] = _Held(job, now)
                 if jobs:
@@ -322,6 +361,7 @@ class Worker:
                 self._release(left)
             else:
                 pool.shutdown(wait=True)
+            self._round(0)  # the last acknowledgements
             self._stop.clear()
         return drained
 
@@ -334,7 +374,10 @@ class Worker:
         fn: Callable[..., Any] = handler
         if not inspect.iscoroutinefunction(handler):
             async def fn(**kw: Any) -> Any:
-                return handler(**kw)
+                result = handler(**kw)
+                if inspect.isawaitable(result):  # a partial of an async function, ...
+                    result = await result
+                return result
         try:
             if self.pipeline is not None:
                 await self.pipeline.acall(fn, **kwargs)
@@ -380,11 +423,11 @@ class Worker:
                 self._renew(running.values(), now)
                 wait = self._paused_until - now
                 if wait > 0:
+                    self._round(0)
                     await clock.asleep(min(wait, self.poll_interval) if end is None
                                        else min(wait, self.poll_interval, end - now))
                     continue
-                free = self.concurrency - len(running)
-                jobs = self._take(free) if free > 0 else []
+                jobs = self._round(self.concurrency - len(running))
                 for job in jobs:
                     running[asyncio.ensure_future(self._asafe_process(job))] = _Held(job, now)
                 if jobs:
@@ -411,5 +454,6 @@ class Worker:
                 if running:
                     await asyncio.gather(*running, return_exceptions=True)
                 self._release(left)
+            self._round(0)  # the last acknowledgements
             self._stop.clear()
         return drained

@@ -39,6 +39,10 @@ def open_backend(url: object, *, stream: str | None = None, group: str | None = 
     if scheme == "sqlite":
         from stormguard.queue.backends.sqlite import SQLiteBackend
 
+        for name, value in options.items():
+            if name not in ("busy_timeout", "durable_acks"):
+                raise ConfigError(name, value, "is not an option of sqlite:// "
+                                  "(busy_timeout, durable_acks)")
         return SQLiteBackend(url, **options)
     from stormguard.queue.backends.redis import RedisBackend
 

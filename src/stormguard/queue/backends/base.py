@@ -40,6 +40,13 @@ class Backend(ABC):
     def ack(self, job: Job) -> bool:
         """The job succeeded: remove it (False when its lease was lost)."""
 
+    def finish(self, done: Sequence[Job], n: int, now: float, lease: float,
+               owner: str) -> tuple[list[bool], list[Job]]:
+        """:meth:`ack` the jobs ``done``, then :meth:`take` up to ``n`` (0: none): what a
+        worker does between two rounds, in one round trip where the backend can."""
+        acked = [self.ack(job) for job in done]
+        return acked, (self.take(n, now, lease, owner) if n > 0 else [])
+
     @abstractmethod
     def retry_later(self, job: Job, at: float, attempts: int, error: str) -> bool:
         """The attempt failed: pending again from ``at`` with ``attempts`` failures."""

@@ -25,6 +25,7 @@ class _Entry:
     ready: float = 0.0  # may be taken from then on (a lease ends then too)
     token: str | None = None  # the lease, while in flight
     error: str | None = None
+    lost: int = 0  # leases that ended unanswered
 
 
 class MemoryBackend(Backend):
@@ -69,11 +70,14 @@ class MemoryBackend(Backend):
                 entry = self._jobs.get(jid)
                 if entry is None or entry.ready != ready:
                     continue  # stale: done, or rescheduled
+                if entry.token is not None:
+                    entry.lost += 1  # its lease ended unanswered
                 entry.token = f"{owner}:{next(self._tokens)}"
                 entry.ready = now + lease
                 self._schedule(entry)  # taken again when the lease ends
                 out.append(Job(str(jid), entry.task, entry.payload, entry.attempts,
-                               entry.key, entry.token, entry.error))
+                               entry.key, entry.token, entry.error, entry.lost))
+        out.sort(key=lambda j: int(j.id))  # as SQLite: one batch in id order
         return out
 
     def _held(self, job: Job) -> _Entry | None:

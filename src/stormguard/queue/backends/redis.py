@@ -3,7 +3,8 @@
 Keys (one hash tag, so one cluster slot): ``{stream}:jobs`` the stream (entries: ``id``,
 ``task``, ``payload``, ``attempts``, ``key``, ``error``), ``{stream}:retry`` a sorted set
 of failed jobs by the time of their retry, ``{stream}:keys`` idempotency key -> job id,
-``{stream}:dead`` job id -> dead letter (JSON), ``{stream}:seq`` the job id counter.
+``{stream}:dead`` job id -> dead letter (JSON), ``{stream}:seq`` the job id counter,
+``{stream}:lost`` job id -> how many of its leases ended unanswered.
 
 A worker takes work with one script: due retries go back into the stream, then
 ``XAUTOCLAIM`` takes the entries whose lease ended (idle longer than the visibility
@@ -62,37 +63,74 @@ if key ~= '' then redis.call('HSET', KEYS[2], key, id) end
 return id
 """)
 
-# KEYS: jobs, retry; ARGV: group, consumer, count, min idle ms, now ms
-TAKE = register("stormguard.queue.take", """
-local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[5], 'LIMIT', 0, 1000)
-for _, m in ipairs(due) do
-  local j = cjson.decode(m)
-  redis.call('XADD', KEYS[1], '*', 'id', j[1], 'task', j[2], 'payload', j[3],
-             'attempts', j[4], 'key', j[5], 'error', j[6])
-  redis.call('ZREM', KEYS[2], m)
+# KEYS: jobs, retry, lost; ARGV: group, consumer, count, min idle ms, now ms
+# returns {entry id, fields, lost}: lost counts the leases of the job that ended unanswered
+_TAKE = """
+local function field(fields, name)
+  for i = 1, #fields, 2 do
+    if fields[i] == name then return fields[i + 1] end
+  end
+  return ''
 end
-local n = tonumber(ARGV[3])
-local out = {}
-local claimed = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[4], '0-0',
-                           'COUNT', n)
-for _, e in ipairs(claimed[2]) do
-  if e and e ~= false then out[#out + 1] = e end
+local function take()
+  local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[5], 'LIMIT', 0, 1000)
+  for _, m in ipairs(due) do
+    local j = cjson.decode(m)
+    redis.call('XADD', KEYS[1], '*', 'id', j[1], 'task', j[2], 'payload', j[3],
+               'attempts', j[4], 'key', j[5], 'error', j[6])
+    redis.call('ZREM', KEYS[2], m)
+  end
+  local n = tonumber(ARGV[3])
+  local out = {}
+  local claimed = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[4], '0-0',
+                             'COUNT', n)
+  for _, e in ipairs(claimed[2]) do
+    if e and e ~= false and e[2] then
+      local lost = redis.call('HINCRBY', KEYS[3], field(e[2], 'id'), 1)
+      out[#out + 1] = {e[1], e[2], lost}
+    end
+  end
+  if #out < n then
+    local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', n - #out,
+                         'STREAMS', KEYS[1], '>')
+    if r then
+      for _, e in ipairs(r[1][2]) do
+        local lost = redis.call('HGET', KEYS[3], field(e[2], 'id')) or '0'
+        out[#out + 1] = {e[1], e[2], tonumber(lost)}
+      end
+    end
+  end
+  return out
 end
-if #out < n then
-  local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', n - #out,
-                       'STREAMS', KEYS[1], '>')
-  if r then
-    for _, e in ipairs(r[1][2]) do out[#out + 1] = e end
+"""
+TAKE = register("stormguard.queue.take", _TAKE + "return take()\n")
+
+# KEYS: jobs, retry, lost, keys; ARGV: group, consumer, count, min idle ms, now ms, then
+# (entry, key, id) per job done. Returns {acked flags, taken (as TAKE)}
+FINISH = register("stormguard.queue.finish", _OWNED + _TAKE + """
+local acked = {}
+for i = 6, #ARGV, 3 do
+  local entry, key, id = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  if owned(KEYS[1], ARGV[1], ARGV[2], entry) then
+    done(KEYS[1], ARGV[1], entry)
+    forget(KEYS[4], key, id)
+    redis.call('HDEL', KEYS[3], id)
+    acked[#acked + 1] = 1
+  else
+    acked[#acked + 1] = 0
   end
 end
-return out
+local out = {}
+if tonumber(ARGV[3]) > 0 then out = take() end
+return {acked, out}
 """)
 
-# KEYS: jobs, keys; ARGV: group, consumer, entry, key, id
+# KEYS: jobs, keys, lost; ARGV: group, consumer, entry, key, id
 ACK = register("stormguard.queue.ack", _OWNED + """
 if not owned(KEYS[1], ARGV[1], ARGV[2], ARGV[3]) then return 0 end
 done(KEYS[1], ARGV[1], ARGV[3])
 forget(KEYS[2], ARGV[4], ARGV[5])
+redis.call('HDEL', KEYS[3], ARGV[5])
 return 1
 """)
 
@@ -113,11 +151,12 @@ redis.call('XADD', KEYS[1], '*', 'id', ARGV[4], 'task', ARGV[5], 'payload', ARGV
 return 1
 """)
 
-# KEYS: jobs, keys, dead; ARGV: group, consumer, entry, key, id, dead letter (JSON)
+# KEYS: jobs, keys, dead, lost; ARGV: group, consumer, entry, key, id, dead letter (JSON)
 BURY = register("stormguard.queue.bury", _OWNED + """
 if not owned(KEYS[1], ARGV[1], ARGV[2], ARGV[3]) then return 0 end
 done(KEYS[1], ARGV[1], ARGV[3])
 forget(KEYS[2], ARGV[4], ARGV[5])
+redis.call('HDEL', KEYS[4], ARGV[5])
 redis.call('HSET', KEYS[3], ARGV[5], ARGV[6])
 return 1
 """)
@@ -185,7 +224,11 @@ class RedisBackend(Backend):
         tag = "{" + self.stream + "}"
         self.jobs, self.retry = f"{tag}:jobs", f"{tag}:retry"
         self.keys, self.dead_key, self.seq = f"{tag}:keys", f"{tag}:dead", f"{tag}:seq"
-        options.setdefault("timeout", 2.0)
+        self.lost = f"{tag}:lost"
+        options["timeout"] = validate.duration("timeout", options.get("timeout", 2.0))
+        if "connect_timeout" in options:
+            options["connect_timeout"] = validate.duration("connect_timeout",
+                                                           options["connect_timeout"])
         try:
             self.transport = transport_for(url, **options)
         except TypeError as exc:
@@ -235,19 +278,34 @@ class RedisBackend(Backend):
         return _text(reply)
 
     def take(self, n: int, now: float, lease: float, owner: str) -> list[Job]:
-        entries = self._script(TAKE.command(
-            (self.jobs, self.retry),
-            (self.group, self.consumer, n, max(int(lease * 1000), 1), int(now * 1000))))
+        return self._jobs(self._script(TAKE.command(
+            (self.jobs, self.retry, self.lost),
+            (self.group, self.consumer, n, max(int(lease * 1000), 1), int(now * 1000)))))
+
+    def finish(self, done: Sequence[Job], n: int, now: float, lease: float,
+               owner: str) -> tuple[list[bool], list[Job]]:
+        args: list[str | int] = [self.group, self.consumer, n, max(int(lease * 1000), 1),
+                                 int(now * 1000)]
+        for job in done:
+            args += [job.token, job.key or "", job.id]
+        acked, entries = self._script(FINISH.command(
+            (self.jobs, self.retry, self.lost, self.keys), args))
+        return [bool(a) for a in acked], self._jobs(entries)
+
+    @staticmethod
+    def _jobs(entries: Any) -> list[Job]:
         out: list[Job] = []
-        for entry_id, fields in entries:
+        for entry_id, fields, lost in entries:
             f = {_text(fields[i]): _text(fields[i + 1]) for i in range(0, len(fields), 2)}
             out.append(Job(f["id"], f["task"], f["payload"], int(f["attempts"]),
-                           f["key"] or None, _text(entry_id), f.get("error") or None))
+                           f["key"] or None, _text(entry_id), f.get("error") or None,
+                           int(lost)))
+        out.sort(key=lambda j: int(j.id))  # as the other backends: one batch in id order
         return out
 
     def ack(self, job: Job) -> bool:
         return bool(self._script(ACK.command(
-            (self.jobs, self.keys), (self.group, self.consumer, job.token, job.key or "",
+            (self.jobs, self.keys, self.lost), (self.group, self.consumer, job.token, job.key or "",
                                      job.id))))
 
     def retry_later(self, job: Job, at: float, attempts: int, error: str) -> bool:
@@ -267,7 +325,7 @@ class RedisBackend(Backend):
                              "error": error, "key": job.key or "", "died": now},
                             ensure_ascii=False)
         return bool(self._script(BURY.command(
-            (self.jobs, self.keys, self.dead_key),
+            (self.jobs, self.keys, self.dead_key, self.lost),
             (self.group, self.consumer, job.token, job.key or "", job.id, letter))))
 
     def extend(self, jobs: Sequence[Job], now: float, lease: float) -> None:

@@ -1,12 +1,18 @@
 """``sqlite:///path/to/file.db``: the embedded, durable default.
 
 WAL journal with ``synchronous=FULL``: a job is on disk (the WAL is fsynced) before
-``put`` returns. **Group commit**: every operation goes through one connection per queue
-object; the thread that finds no commit under way becomes the leader, runs every
-operation queued so far in one transaction (a savepoint each, so one failing operation
-fails alone) and commits once, so concurrent defers share one fsync. Several processes
-may share the file: SQLite's own locking serialises their transactions (``BEGIN
-IMMEDIATE``, a busy timeout).
+``put`` returns; so are retries, dead letters and ``retry_dead``. A worker's leases,
+hand-backs and (unless ``durable_acks=True``) acknowledgements are committed with
+``synchronous=NORMAL``: written to the WAL before the call returns, so a crash of any
+process loses none of them, but not fsynced, so a crash of the *machine* may undo the
+last of them; the job is then delivered again (at least once), never lost.
+
+**Group commit**: every operation goes through one connection per queue object; the
+thread that finds no commit under way leads: it runs every operation queued so far in one
+transaction and commits once, so concurrent defers share one fsync (an operation that
+fails makes the batch run again with a savepoint per operation, so it fails alone).
+Several processes may share the file: SQLite's own locking serialises their
+transactions (``BEGIN IMMEDIATE``, a busy timeout).
 
 One row per live job; its ``ready`` column is when it may be taken: when deferred, the
 time it was deferred; when leased, the end of its lease (a job whose worker died is
@@ -23,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from stormguard._core import validate
 from stormguard._core.errors import ConfigError, StorageError
 from stormguard.queue.backends.base import Backend
 from stormguard.queue.job import DeadLetter, Job, decode_payload
@@ -39,6 +46,7 @@ CREATE TABLE IF NOT EXISTS stormguard_jobs (
     ready REAL NOT NULL,
     token TEXT,
     error TEXT,
+    lost INTEGER NOT NULL DEFAULT 0,
     created REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS stormguard_jobs_ready ON stormguard_jobs (ready, id);
@@ -62,10 +70,11 @@ class _OpFailed(Exception):
 
 
 class _Pending:
-    __slots__ = ("done", "error", "fn", "result", "wake")
+    __slots__ = ("done", "durable", "error", "fn", "result", "wake")
 
-    def __init__(self, fn: Op) -> None:
+    def __init__(self, fn: Op, durable: bool = True) -> None:
         self.fn = fn
+        self.durable = durable
         self.done = False
         self.result: Any = None
         self.error: BaseException | None = None
@@ -85,15 +94,22 @@ class GroupCommit:
     def __init__(self, connect: Callable[[], sqlite3.Connection]) -> None:
         self._connect = connect
         self._conn: sqlite3.Connection | None = None
+        self._pid = os.getpid()
         self._lock = threading.Lock()
         self._queue: list[_Pending] = []
         self._busy = False
+        self._full = True  # the connection's synchronous setting: FULL (True) or NORMAL
         self.commits = 0
         """Transactions committed (for tests and the benchmark: operations / commits is the
         group size)."""
 
-    def run(self, fn: Op) -> Any:
-        op = _Pending(fn)
+    def run(self, fn: Op, *, durable: bool = True) -> Any:
+        """Run ``fn(conn)`` in a transaction shared with the operations queued meanwhile.
+        ``durable``: its commit is fsynced (``synchronous=FULL``) before this returns;
+        a transaction of only non-durable operations is committed with
+        ``synchronous=NORMAL`` (written to the WAL, so a crash of the process loses
+        nothing; a crash of the machine may lose it)."""
+        op = _Pending(fn, durable)
         with self._lock:
             self._queue.append(op)
             lead = not self._busy
@@ -124,8 +140,12 @@ class GroupCommit:
 
     def _execute(self, batch: list[_Pending]) -> None:
         try:
-            if self._conn is None:
+            if self._conn is None or self._pid != os.getpid():
+                # a connection must not cross a fork (gunicorn --preload): the child
+                # opens its own and leaves the parent's alone
                 self._conn = self._connect()
+                self._pid = os.getpid()
+                self._full = True
             try:
                 self._transaction(self._conn, batch, isolated=False)
             except _OpFailed:
@@ -148,6 +168,10 @@ class GroupCommit:
 
     def _transaction(self, conn: sqlite3.Connection, batch: list[_Pending], *,
                      isolated: bool) -> None:
+        full = any(op.durable for op in batch)
+        if full != self._full:  # outside a transaction: SQLite ignores it inside one
+            conn.execute("PRAGMA synchronous=FULL" if full else "PRAGMA synchronous=NORMAL")
+            self._full = full
         conn.execute("BEGIN IMMEDIATE")
         try:
             for op in batch:
@@ -199,9 +223,11 @@ class SQLiteBackend(Backend):
 
     durable = True
 
-    def __init__(self, url: str, *, busy_timeout: float = 30.0) -> None:
+    def __init__(self, url: str, *, busy_timeout: float = 30.0,
+                 durable_acks: bool = False) -> None:
         self.path = path_of(url)
-        self.busy_timeout = busy_timeout
+        self.busy_timeout = validate.duration("busy_timeout", busy_timeout)
+        self.durable_acks = validate.boolean("durable_acks", durable_acks)
         directory = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(directory):
             raise ConfigError("url", url, f"the directory {directory} does not exist")
@@ -226,13 +252,17 @@ class SQLiteBackend(Backend):
                                    f"(journal_mode is {mode})")
             conn.execute("PRAGMA synchronous=FULL")
             conn.executescript(SCHEMA)
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(stormguard_jobs)")}
+            if "lost" not in columns:  # a file made before leases were counted
+                conn.execute("ALTER TABLE stormguard_jobs ADD COLUMN lost INTEGER NOT NULL "
+                             "DEFAULT 0")
         except BaseException:
             conn.close()
             raise
         return conn
 
-    def _run(self, fn: Op) -> Any:
-        return self._group.run(fn)
+    def _run(self, fn: Op, *, durable: bool = True) -> Any:
+        return self._group.run(fn, durable=durable)
 
     # -- operations -----------------------------------------------------------------------
     def put(self, task: str, payload: str, key: str | None, now: float) -> str:
@@ -249,28 +279,50 @@ class SQLiteBackend(Backend):
         result: str = self._run(op)
         return result
 
+    def finish(self, done: Sequence[Job], n: int, now: float, lease: float,
+               owner: str) -> tuple[list[bool], list[Job]]:
+        take = self._take_op(n, now, lease, owner) if n > 0 else None
+        params = [(int(job.id), job.token) for job in done]
+
+        def op(conn: sqlite3.Connection) -> tuple[list[bool], list[Job]]:
+            acked = [conn.execute("DELETE FROM stormguard_jobs WHERE id = ? AND token = ?",
+                                  p).rowcount > 0 for p in params]
+            return acked, (take(conn) if take is not None else [])
+
+        result: tuple[list[bool], list[Job]] = self._run(
+            op, durable=bool(done) and self.durable_acks)
+        return result
+
     def take(self, n: int, now: float, lease: float, owner: str) -> list[Job]:
+        # a lease lost with the machine leaves its job pending: nothing to fsync for
+        result: list[Job] = self._run(self._take_op(n, now, lease, owner), durable=False)
+        return result
+
+    def _take_op(self, n: int, now: float, lease: float,
+                 owner: str) -> Callable[[sqlite3.Connection], list[Job]]:
         token = f"{owner}:{next(self._tokens)}"
 
         def op(conn: sqlite3.Connection) -> list[Job]:
             rows = conn.execute(
-                "UPDATE stormguard_jobs SET ready = ?, token = ? WHERE id IN ("
-                "SELECT id FROM stormguard_jobs WHERE ready <= ? ORDER BY ready, id LIMIT ?) "
-                "RETURNING id, task, payload, attempts, key, error",
+                "UPDATE stormguard_jobs SET ready = ?, token = ?, lost = lost + "
+                "(token IS NOT NULL) WHERE id IN (SELECT id FROM stormguard_jobs "
+                "WHERE ready <= ? ORDER BY ready, id LIMIT ?) "
+                "RETURNING id, task, payload, attempts, key, error, lost",
                 (now + lease, token, now, n)).fetchall()
             rows.sort()
-            return [Job(str(r[0]), r[1], r[2], r[3], r[4], token, r[5]) for r in rows]
+            return [Job(str(r[0]), r[1], r[2], r[3], r[4], token, r[5], r[6]) for r in rows]
 
-        result: list[Job] = self._run(op)
-        return result
+        return op
 
-    def _change(self, sql: str, params: tuple[Any, ...]) -> bool:
-        count: int = self._run(lambda conn: conn.execute(sql, params).rowcount)
+    def _change(self, sql: str, params: tuple[Any, ...], *, durable: bool = True) -> bool:
+        count: int = self._run(lambda conn: conn.execute(sql, params).rowcount,
+                               durable=durable)
         return count > 0
 
     def ack(self, job: Job) -> bool:
+        # an acknowledgement lost with the machine means one more delivery (at least once)
         return self._change("DELETE FROM stormguard_jobs WHERE id = ? AND token = ?",
-                            (int(job.id), job.token))
+                            (int(job.id), job.token), durable=self.durable_acks)
 
     def retry_later(self, job: Job, at: float, attempts: int, error: str) -> bool:
         return self._change(
@@ -279,7 +331,8 @@ class SQLiteBackend(Backend):
 
     def release(self, job: Job, now: float) -> bool:
         return self._change("UPDATE stormguard_jobs SET ready = ?, token = NULL "
-                            "WHERE id = ? AND token = ?", (now, int(job.id), job.token))
+                            "WHERE id = ? AND token = ?", (now, int(job.id), job.token),
+                            durable=False)
 
     def bury(self, job: Job, attempts: int, error: str, now: float) -> bool:
         def op(conn: sqlite3.Connection) -> bool:
@@ -301,7 +354,8 @@ class SQLiteBackend(Backend):
             return
         params = [(now + lease, int(j.id), j.token) for j in jobs]
         self._run(lambda conn: conn.executemany(
-            "UPDATE stormguard_jobs SET ready = ? WHERE id = ? AND token = ?", params))
+            "UPDATE stormguard_jobs SET ready = ? WHERE id = ? AND token = ?", params),
+            durable=False)
 
     def stats(self, now: float) -> dict[str, int]:
         def op(conn: sqlite3.Connection) -> dict[str, int]:
@@ -311,18 +365,18 @@ class SQLiteBackend(Backend):
             dead = conn.execute("SELECT count(*) FROM stormguard_dead").fetchone()[0]
             return {"pending": total - flying, "in_flight": flying, "dead": dead}
 
-        result: dict[str, int] = self._run(op)
+        result: dict[str, int] = self._run(op, durable=False)
         return result
 
     def next_due(self, now: float) -> float | None:
         due: float | None = self._run(lambda conn: conn.execute(
-            "SELECT min(ready) FROM stormguard_jobs").fetchone()[0])
+            "SELECT min(ready) FROM stormguard_jobs").fetchone()[0], durable=False)
         return due
 
     def dead(self, limit: int) -> list[DeadLetter]:
         rows = self._run(lambda conn: conn.execute(
             "SELECT id, task, payload, attempts, error, key, died FROM stormguard_dead "
-            "ORDER BY id LIMIT ?", (limit,)).fetchall())
+            "ORDER BY id LIMIT ?", (limit,)).fetchall(), durable=False)
         return [DeadLetter(str(r[0]), r[1], decode_payload(r[2]), r[3], r[4], r[5], r[6])
                 for r in rows]
 

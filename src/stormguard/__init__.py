@@ -15,17 +15,22 @@ from stormguard._core.errors import (
     RateLimited,
     RetryBudgetExhausted,
     ShaperFull,
+    Shed,
     StorageError,
     StormguardError,
+    Throttled,
     TransientError,
 )
+from stormguard.overload import AdaptiveLimit
 from stormguard.queue import Deferred, DeferredQueue
 from stormguard.ratelimit.decision import Decision
 from stormguard.ratelimit.limiter import AsyncRateLimiter, RateLimiter
 from stormguard.ratelimit.rule import Rule
 from stormguard.resilience import (
+    AdaptiveThrottle,
     Bulkhead,
     CircuitBreaker,
+    ConcurrencyLimit,
     Fallback,
     Retry,
     RetryBudget,
@@ -39,12 +44,15 @@ if TYPE_CHECKING:
     from stormguard.stores.redis import RedisClusterStore, RedisStore
 
 __all__ = [
+    "AdaptiveLimit",
+    "AdaptiveThrottle",
     "AsyncRateLimiter",
     "Bulkhead",
     "BulkheadFull",
     "CircuitBreaker",
     "CircuitOpen",
     "Clock",
+    "ConcurrencyLimit",
     "ConfigError",
     "DeadlineExceeded",
     "Decision",
@@ -63,10 +71,12 @@ __all__ = [
     "Rule",
     "Shaper",
     "ShaperFull",
+    "Shed",
     "StorageError",
     "Store",
     "StormguardError",
     "SystemClock",
+    "Throttled",
     "Timeout",
     "TransientError",
 ]

@@ -556,3 +556,9 @@ def test_real_threads_never_leave_faster_than_the_pace() -> None:
     assert all(out[k] - out[0] >= k * 0.0005 - 0.001 for k in range(200))
     assert shaper.stats()["departed"] == 200
     assert shaper.waiting == 0
+
+
+def test_repr_never_shows_the_store_url(clock: FakeClock) -> None:
+    shaper = Shaper(rate=10, store=MemoryStore(clock=clock), key="sms", clock=clock)
+    assert repr(shaper) == ("Shaper(rate=10, per=1, max_wait=1.0, burst=1, store=MemoryStore, "
+                            "key='sms')")

@@ -173,7 +173,9 @@ class Shaper(Policy):
                 self._shaping = shaping
 
     def __repr__(self) -> str:
-        where = "" if self._store is None else f", store={self._store!r}, key={self.key!r}"
+        # the store's type only: a store's own repr may show its URL, password included
+        where = ("" if self._store is None
+                 else f", store={type(self._store).__name__}, key={self.key!r}")
         return (f"Shaper(rate={self.rate:g}, per={self.per:g}, max_wait={self.max_wait}, "
                 f"burst={self.burst}{where})")
 

@@ -14,17 +14,22 @@ from stormguard._core.errors import (
     DeadlineExceeded,
     RateLimited,
     RetryBudgetExhausted,
+    Shed,
     StorageError,
     StormguardError,
+    Throttled,
     TransientError,
 )
+from stormguard.overload import AdaptiveLimit
 from stormguard.queue import Deferred, DeferredQueue
 from stormguard.ratelimit.decision import Decision
 from stormguard.ratelimit.limiter import AsyncRateLimiter, RateLimiter
 from stormguard.ratelimit.rule import Rule
 from stormguard.resilience import (
+    AdaptiveThrottle,
     Bulkhead,
     CircuitBreaker,
+    ConcurrencyLimit,
     Fallback,
     Retry,
     RetryBudget,
@@ -32,17 +37,21 @@ from stormguard.resilience import (
 )
 from stormguard.resilience.pipeline import Pipeline
 from stormguard.stores import MemoryStore, Store
+from stormguard.stores.regional import RegionalStore
 
 if TYPE_CHECKING:
     from stormguard.stores.redis import RedisClusterStore, RedisStore
 
 __all__ = [
+    "AdaptiveLimit",
+    "AdaptiveThrottle",
     "AsyncRateLimiter",
     "Bulkhead",
     "BulkheadFull",
     "CircuitBreaker",
     "CircuitOpen",
     "Clock",
+    "ConcurrencyLimit",
     "ConfigError",
     "DeadlineExceeded",
     "Decision",
@@ -55,14 +64,17 @@ __all__ = [
     "RateLimiter",
     "RedisClusterStore",
     "RedisStore",
+    "RegionalStore",
     "Retry",
     "RetryBudget",
     "RetryBudgetExhausted",
     "Rule",
+    "Shed",
     "StorageError",
     "Store",
     "StormguardError",
     "SystemClock",
+    "Throttled",
     "Timeout",
     "TransientError",
 ]

@@ -1,4 +1,5 @@
-"""The ``stormguard`` command: ``serve``, ``check``, ``rules validate``, ``queue``.
+"""The ``stormguard`` command: ``serve``, ``check``, ``rules validate``, ``queue``,
+``simulate``.
 
 Exit codes: 0 success (``check``: allowed), 1 denied or invalid rules, 2 bad usage
 (flags, unreadable files, bad configuration), 3 the store failed, 4 ``serve`` could not
@@ -139,7 +140,12 @@ def _parser() -> argparse.ArgumentParser:
     validate = rsub.add_parser("validate", help="check a rules file; exit 1 if invalid")
     validate.add_argument("file")
     queue = _queue_parser(sub)
+
+    from stormguard.cli import simulate
+
+    simulate_parser = simulate.add_parser(sub)
     p.subcommands = {"serve": serve, "check": check, "rules": rules, "queue": queue}
+    p.subcommands["simulate"] = simulate_parser
     rules.subcommands = {"validate": validate}
     return p
 
@@ -416,4 +422,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from stormguard.cli.queue import run
 
         return run(args)
+    if args.command == "simulate":
+        from stormguard.cli import simulate
+
+        return simulate.run(args)
     return _validate(args)

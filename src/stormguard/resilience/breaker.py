@@ -25,8 +25,9 @@ States:
   the next caller.
 
 Outcomes of calls admitted in an earlier state (before a transition) are
-ignored. Rejections (``CircuitOpen``, ``BulkheadFull`` from inner layers) and
-cancellations are never failures.
+ignored. Rejections by inner layers (``CircuitOpen``, ``BulkheadFull``, ``ShaperFull``,
+``Shed`` from a ``ConcurrencyLimit``, ``Throttled`` from an ``AdaptiveThrottle``: the
+dependency was not asked) and cancellations are never failures.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import Any
 
 from stormguard._core.breaker import CLOSED, STATES, BreakerMachine
 from stormguard._core.clock import Clock
-from stormguard._core.errors import BulkheadFull, CircuitOpen, ShaperFull
+from stormguard._core.errors import BulkheadFull, CircuitOpen, ShaperFull, Shed, Throttled
 from stormguard.observability.events import CallRejected, Listener, StateChanged
 from stormguard.resilience._base import (
     Args,
@@ -51,7 +52,7 @@ from stormguard.resilience._base import (
 __all__ = ["CircuitBreaker"]
 
 # inner layers refusing to call (the dependency was not asked): never its failures
-_NOT_FAILURES = (CircuitOpen, BulkheadFull, ShaperFull)
+_NOT_FAILURES = (CircuitOpen, BulkheadFull, ShaperFull, Shed, Throttled)
 
 
 def _default_failure(exc: BaseException) -> bool:

@@ -8,6 +8,8 @@ from typing import Any, Literal, ParamSpec, TypeVar
 
 from stormguard._core import validate
 from stormguard._core.errors import ConfigError, StorageError
+from stormguard.observability import metrics as _metrics
+from stormguard.observability.topk import SpaceSaving
 from stormguard.ratelimit.decision import Decision
 from stormguard.ratelimit.decorate import KeyFunc, LimitArg, async_decorator, sync_decorator
 from stormguard.ratelimit.rule import Rule
@@ -31,6 +33,7 @@ class _Base:
     def __init__(self, store: Store | str = "memory://", *, on_error: OnError = "allow",
                  local_share: float = 1.0, deny_retry_after: float = 1.0,
                  on_degraded: Callable[[Rule, StorageError], None] | None = None,
+                 name: str = "limiter", top_keys: int | None = None,
                  **store_options: Any) -> None:
         if isinstance(store, str):
             store = from_url(store, **store_options)
@@ -53,6 +56,69 @@ class _Base:
         self._local: MemoryStore | None = (
             MemoryStore(clock=store.clock) if on_error == "local" else None)
         self._local_rules: dict[str, Rule] = {}
+        self.name = validate.text("name", name)
+        """The limiter's name in metrics (``stormguard_limiter_decisions{name=...}``)."""
+        self.top: SpaceSaving | None = (
+            None if top_keys is None else SpaceSaving(validate.integer("top_keys", top_keys)))
+        """With ``top_keys=K``: the K most-denied keys (a bounded space-saving sketch)."""
+        self._decisions: dict[tuple[str, str], int] = {}
+        self._counting = False
+        self._instrumented = False
+        _metrics.track(self, "limiter")
+        if self.top is not None:
+            self._instrument()
+
+    # -- metrics and top keys (only when enabled: the plain path has no extra frame) --------
+    @property
+    def store_name(self) -> str:
+        """The store's name in metrics."""
+        return str(getattr(self.store, "name", type(self.store).__name__))
+
+    @property
+    def store_errors(self) -> int:
+        """Store failures answered by ``on_error`` (the same as ``degraded_count``)."""
+        return self.degraded_count
+
+    def decision_counts(self) -> dict[tuple[str, str], int]:
+        """``{(rule name, result): decisions}`` counted since metrics were enabled; result
+        is "allowed", "denied", "shadow_denied" (a shadow rule of a rule set denied) or
+        "degraded" (answered by ``on_error``)."""
+        with self._count_lock:
+            return dict(self._decisions)
+
+    def _enable_metrics(self) -> None:
+        self._counting = True
+        self._instrument()
+
+    def _record(self, key: str, d: Decision) -> None:
+        rule = d.rule
+        name = (rule.name if rule is not None else None) or "(unnamed)"
+        with self._count_lock:
+            if self._counting:
+                k = (name, "degraded" if d.degraded else
+                     "allowed" if d.allowed else "denied")
+                counts = self._decisions
+                if k in counts:
+                    counts[k] += 1
+                elif len(counts) < _metrics.MAX_SERIES:
+                    counts[k] = 1
+        if not d.allowed and self.top is not None:
+            self.top.add(key, name)
+
+    def _note_shadow(self, names: Sequence[str]) -> None:
+        """A rule-set check found these shadow rules denying: recount their decisions."""
+        if not self._counting:
+            return
+        with self._count_lock:
+            counts = self._decisions
+            for name in names:
+                if counts.get((name, "denied"), 0) > 0:
+                    counts[(name, "denied")] -= 1
+                    k = (name, "shadow_denied")
+                    counts[k] = counts.get(k, 0) + 1
+
+    def _instrument(self) -> None:
+        raise NotImplementedError
 
     # -- degraded answers -------------------------------------------------------------
     def _local_rule(self, rule: Rule) -> Rule:
@@ -114,6 +180,29 @@ class RateLimiter(_Base):
             # The embedded store never raises StorageError: skip one frame per check.
             self.hit = self.store.hit  # type: ignore[method-assign]
             self.peek = self.store.peek  # type: ignore[method-assign]
+        if self.top is not None or self._counting:  # asked for before hit was bound
+            self._instrument()
+
+    def _instrument(self) -> None:
+        with self._count_lock:
+            if self._instrumented or "hit" not in vars(self) and type(self.store) is \
+                    MemoryStore:  # RateLimiter.__init__ has not bound the store yet
+                return
+            self._instrumented = True
+            raw_hit, raw_all, record = self.hit, self.hit_all, self._record
+
+            def hit(key: str, rule: Rule, cost: int = 1) -> Decision:
+                d = raw_hit(key, rule, cost)
+                record(key, d)
+                return d
+
+            def hit_all(key: str, rules: Sequence[Rule], cost: int = 1) -> Decision:
+                d = raw_all(key, rules, cost)
+                record(key, d)
+                return d
+
+            self.hit = hit  # type: ignore[method-assign]
+            self.hit_all = hit_all  # type: ignore[method-assign]
 
     def limit(self, limit: LimitArg, *, key: KeyFunc | str | None = None, cost: int = 1
               ) -> Callable[[Callable[P, T]], Callable[P, T]]:
@@ -183,6 +272,26 @@ class AsyncRateLimiter(_Base):
               ) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Awaitable[T]]]:
         """:meth:`RateLimiter.limit` for coroutine functions."""
         return async_decorator(self, limit, key, cost)
+
+    def _instrument(self) -> None:
+        with self._count_lock:
+            if self._instrumented:
+                return
+            self._instrumented = True
+            raw_hit, raw_all, record = self.hit, self.hit_all, self._record
+
+            async def hit(key: str, rule: Rule, cost: int = 1) -> Decision:
+                d = await raw_hit(key, rule, cost)
+                record(key, d)
+                return d
+
+            async def hit_all(key: str, rules: Sequence[Rule], cost: int = 1) -> Decision:
+                d = await raw_all(key, rules, cost)
+                record(key, d)
+                return d
+
+            self.hit = hit  # type: ignore[method-assign]
+            self.hit_all = hit_all  # type: ignore[method-assign]
 
     # unasync: source limiter
     async def hit(self, key: str, rule: Rule, cost: int = 1) -> Decision:

@@ -62,10 +62,10 @@ def _circuit_open(name: str) -> Reject:
 class BreakerMachine:
     """Closed / open / half-open with exact half-open admission (see the module doc)."""
 
-    __slots__ = ("_b_calls", "_failed", "_ok", "_rejected", "_b_fails", "_b_idx", "_b_slows", "_b_width", "_fails",
-                 "_forfeited", "_lease_until", "_lock", "_n", "_open_until", "_permits",
-                 "_ring", "_slows", "_trial_ok", "clock", "epoch", "failure_rate", "fast", "forced",
-                 "half_open_calls", "min_calls", "name", "on_change", "on_reject",
+    __slots__ = ("_b_calls", "_b_fails", "_b_idx", "_b_slows", "_b_width", "_failed", "_fails",
+                 "_forfeited", "_lease_until", "_lock", "_n", "_ok", "_open_until", "_permits",
+                 "_rejected", "_ring", "_slows", "_trial_ok", "clock", "epoch", "failure_rate",
+                 "fast", "forced", "half_open_calls", "min_calls", "name", "on_change", "on_reject",
                  "open_for", "opened", "probe_lease", "reject", "slow_call_duration",
                  "slow_call_rate", "state_code", "timed", "window", "window_type")
 

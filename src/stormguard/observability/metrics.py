@@ -184,7 +184,7 @@ EVENT_METRICS: dict[type[Event], Callable[[Any], Iterable[Sample]]] = {
 
 _lock = threading.Lock()
 _counters: dict[str, dict[Labels, float]] = {}
-_enabled = False
+_state = {"enabled": False}
 
 
 def _listener(event: Event) -> None:
@@ -219,7 +219,7 @@ def track(obj: Any, kind: str) -> None:
     a weak reference only."""
     with _tracked_lock:
         _tracked.setdefault(kind, weakref.WeakSet()).add(obj)
-    if _enabled:
+    if _state["enabled"]:
         hook = getattr(obj, "_enable_metrics", None)
         if hook is not None:
             hook()
@@ -234,17 +234,16 @@ def tracked(kind: str) -> list[Any]:
 
 def enabled() -> bool:
     """True once an exporter is enabled (components then keep their counters)."""
-    return _enabled
+    return _state["enabled"]
 
 
 def enable() -> None:
     """Start counting: install the event listener (once) and tell every tracked component
     that keeps counters only when asked (the limiters) to start. Idempotent."""
-    global _enabled
     with _lock:
-        if _enabled:
+        if _state["enabled"]:
             return
-        _enabled = True
+        _state["enabled"] = True
     add_listener(_listener)
     with _tracked_lock:
         objs = [o for s in _tracked.values() for o in s]

@@ -185,8 +185,9 @@ class RateLimiter(_Base):
 
     def _instrument(self) -> None:
         with self._count_lock:
-            if self._instrumented or "hit" not in vars(self) and type(self.store) is \
-                    MemoryStore:  # RateLimiter.__init__ has not bound the store yet
+            if self._instrumented or ("hit" not in vars(self)
+                                      and type(self.store) is MemoryStore):
+                # RateLimiter.__init__ has not bound the store's methods yet
                 return
             self._instrumented = True
             raw_hit, raw_all, record = self.hit, self.hit_all, self._record

@@ -167,6 +167,7 @@ class CheckEndpoints(ServiceBase):
             raise ApiError(422, f"the store refuses the rule: {exc}"[:500],
                            field=exc.field) from None
         self.metrics.record(result, time.perf_counter() - t0)
+        self.observe(plan, result)
         if len(plan) == 1 and type(plan[0][1]) is InlineRule:
             result.rules = []  # no named rule applied
         return result

@@ -1,0 +1,304 @@
+"""One metrics schema: Prometheus (read back with prometheus-client's text parser) and
+OpenTelemetry (opentelemetry-sdk's InMemoryMetricReader) report the same series, for
+components created before and after the exporters were enabled."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from stormguard import (
+    Bulkhead,
+    BulkheadFull,
+    CircuitBreaker,
+    CircuitOpen,
+    ConfigError,
+    DeadlineExceeded,
+    Fallback,
+    RateLimiter,
+    Retry,
+    RetryBudget,
+    RetryBudgetExhausted,
+    Rule,
+    Timeout,
+    observability,
+)
+from stormguard.observability import metrics
+from stormguard.ratelimit.rules import RuleSet, check_plan
+from stormguard.testing import FakeClock
+
+ROOT = Path(__file__).resolve().parents[2]
+
+Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def prom(registry: CollectorRegistry) -> Series:
+    """Every sample of the registry, parsed back from the text exposition."""
+    out: Series = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for s in family.samples:
+            if s.name.startswith("stormguard_") and not s.name.endswith("_created"):
+                out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def otel(reader: InMemoryMetricReader) -> Series:
+    out: Series = {}
+    data = reader.get_metrics_data()
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                for p in m.data.data_points:
+                    attrs = frozenset((k, str(v)) for k, v in p.attributes.items())
+                    out[(m.name, attrs)] = float(p.value)
+    return out
+
+
+def value(series: Series, metric: str, /, **labels: str) -> float:
+    return series[(metric, frozenset(labels.items()))]
+
+
+def sms_breaker(clock: FakeClock) -> CircuitBreaker:
+    return CircuitBreaker(window=4, min_calls=3, failure_rate=0.6, open_for=10, name="sms",
+                          clock=clock)
+
+
+def fail() -> None:
+    raise OSError("provider down")
+
+
+def test_breaker_state_and_outcomes_in_both_exporters() -> None:
+    clock = FakeClock()
+    breaker = sms_breaker(clock)
+    registry = CollectorRegistry()
+    observability.enable_prometheus(registry)
+    reader = InMemoryMetricReader()
+    observability.enable_opentelemetry(MeterProvider(metric_readers=[reader]))
+    breaker.call(lambda: "ok")
+    for _ in range(2):
+        with pytest.raises(OSError):
+            breaker.call(fail)
+    with pytest.raises(CircuitOpen):
+        breaker.call(lambda: "never")
+    p = prom(registry)
+    assert value(p, "stormguard_breaker_state", name="sms", state="open") == 1
+    assert value(p, "stormguard_breaker_state", name="sms", state="closed") == 0
+    assert value(p, "stormguard_breaker_calls_total", name="sms", outcome="success") == 1
+    assert value(p, "stormguard_breaker_calls_total", name="sms", outcome="failure") == 2
+    assert value(p, "stormguard_breaker_calls_total", name="sms", outcome="rejected") == 1
+    t = ("stormguard_breaker_transitions_total", frozenset(
+        {("name", "sms"), ("from", "closed"), ("to", "open")}))
+    assert p[t] >= 1
+    o = otel(reader)
+    # the same series under the same names (OpenTelemetry's counters carry no _total)
+    for (name, labels), v in p.items():
+        if (name.endswith("_total") and name[:-6] in metrics.SCHEMA) or name in metrics.SCHEMA:
+            base = name[:-6] if name.endswith("_total") else name
+            assert o[(base, labels)] == v, (name, labels)
+    clock.advance(10)
+    breaker.call(lambda: "probe")
+    p = prom(registry)
+    assert value(p, "stormguard_breaker_state", name="sms", state="half_open") == 1
+
+
+def test_policies_report_their_events() -> None:
+    clock = FakeClock()
+    registry = CollectorRegistry()
+    observability.enable_prometheus(registry)
+    before = prom(registry)
+
+    def delta(metric: str, /, **labels: str) -> float:
+        key = (metric, frozenset(labels.items()))
+        return prom(registry).get(key, 0.0) - before.get(key, 0.0)
+
+    retry = Retry(attempts=3, base=0.1, jitter="none", name="checkout-retry", clock=clock,
+                  retry_on=OSError)
+    with pytest.raises(OSError):
+        retry.call(fail)
+    assert delta("stormguard_retries_total", name="checkout-retry") == 2
+    assert delta("stormguard_retry_gave_up_total", name="checkout-retry",
+                 reason="attempts") == 1
+
+    budget = RetryBudget(ratio=0.0, min_per_second=0, clock=clock)
+    budgeted = Retry(attempts=3, base=0.1, jitter="none", budget=budget, name="budgeted",
+                     clock=clock, retry_on=OSError)
+    with pytest.raises(RetryBudgetExhausted):
+        budgeted.call(fail)
+    assert delta("stormguard_retry_budget_exhausted_total", name="budgeted") == 1
+
+    bulkhead = Bulkhead(1, name="payment", clock=clock)
+    gate, inside = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        inside.set()
+        gate.wait(10)
+
+    t = threading.Thread(target=bulkhead.call, args=(hold,))
+    t.start()
+    inside.wait(10)
+    assert value(prom(registry), "stormguard_bulkhead_in_flight", name="payment") == 1
+    with pytest.raises(BulkheadFull):
+        bulkhead.call(lambda: None)
+    gate.set()
+    t.join(10)
+    assert delta("stormguard_bulkhead_rejected_total", name="payment") == 1
+    assert value(prom(registry), "stormguard_bulkhead_in_flight", name="payment") == 0
+    assert value(prom(registry), "stormguard_bulkhead_capacity", name="payment") == 1
+
+    timeout = Timeout(1.0, name="sms-timeout", clock=clock)
+
+    async def slow() -> None:
+        await asyncio.sleep(5)  # virtual time: the clock's event loop jumps
+
+    with pytest.raises(DeadlineExceeded):
+        clock.run(timeout.acall(slow))
+    assert delta("stormguard_timeouts_total", name="sms-timeout", kind="attempt") == 1
+
+    fallback = Fallback(lambda exc: "cached", name="menu", clock=clock)
+    assert fallback.call(fail) == "cached"
+    assert delta("stormguard_fallbacks_total", name="menu") == 1
+
+
+def test_limiter_decisions_by_rule_and_result_never_keys() -> None:
+    registry = CollectorRegistry()
+    observability.enable_prometheus(registry)
+    limiter = RateLimiter("memory://", name="api")
+    login = Rule.parse("3/minute", name="login")
+    for i in range(10_000):  # 10,000 distinct keys: no key ever becomes a label
+        limiter.hit(f"user:{i % 2000}", login)
+    p = prom(registry)
+    mine = {k: v for k, v in p.items() if ("name", "api") in k[1]}
+    assert value(p, "stormguard_limiter_decisions_total", name="api", rule="login",
+                 result="allowed") == 6000
+    assert value(p, "stormguard_limiter_decisions_total", name="api", rule="login",
+                 result="denied") == 4000
+    assert len(mine) == 2
+    label_values = {v for _, labels in p for _, v in labels}
+    assert not any(v.startswith("user:") for v in label_values)
+
+
+def test_shadow_denials_are_counted_as_shadow_denied() -> None:
+    metrics.enable()
+    limiter = RateLimiter("memory://", name="rules")
+    rules = RuleSet.coerce([
+        {"name": "enforced", "scope": "user", "limit": 100, "window": 60},
+        {"name": "dry", "scope": "user", "limit": 1, "window": 60, "shadow": True},
+    ])
+    from stormguard.ratelimit.rules import RequestAttrs
+
+    attrs = RequestAttrs("u1", None, None, None, None, None)
+    for _ in range(3):
+        r = check_plan(limiter, rules.plan(attrs))
+        assert r.allowed
+    counts = limiter.decision_counts()
+    assert counts[("enforced", "allowed")] == 3
+    assert counts[("dry", "allowed")] == 1
+    assert counts[("dry", "shadow_denied")] == 2
+    assert counts.get(("dry", "denied"), 0) == 0
+
+
+def test_counts_are_exact_under_threads() -> None:
+    """8 threads checking at once through one instrumented limiter and one breaker:
+    every decision and every outcome is counted (a lost update would show)."""
+    metrics.enable()
+    limiter = RateLimiter("memory://", name="threads", top_keys=50)
+    breaker = CircuitBreaker(window=1000, failure_rate=1.0, name="threads-breaker")
+    rule = Rule.parse("500/minute", name="r")
+    n, threads = 2000, 8
+    start = threading.Barrier(threads)
+
+    def work(t: int) -> None:
+        start.wait()
+        for i in range(n):
+            limiter.hit(f"k{i % 7}", rule)
+            breaker.call(lambda: None)
+
+    ts = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    counts = limiter.decision_counts()
+    assert counts[("r", "allowed")] == 7 * 500
+    assert counts[("r", "allowed")] + counts[("r", "denied")] == n * threads
+    assert breaker.machine.outcomes() == (n * threads, 0, 0)
+    assert limiter.top is not None
+    assert sum(t.count for t in limiter.top.top(50)) == counts[("r", "denied")]
+
+
+def test_components_created_before_and_after_enabling_report() -> None:
+    """A fresh interpreter: a breaker and a limiter built before the exporters are
+    enabled, another pair after; all four report, to both exporters."""
+    script = textwrap.dedent("""
+        import json
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from prometheus_client import REGISTRY, generate_latest
+        from stormguard import CircuitBreaker, RateLimiter, Rule, observability
+        rule = Rule.parse("1/minute", name="r")
+        early_b, early_l = CircuitBreaker(name="early"), RateLimiter(name="early")
+        observability.enable_prometheus()
+        reader = InMemoryMetricReader()
+        observability.enable_opentelemetry(MeterProvider(metric_readers=[reader]))
+        late_b, late_l = CircuitBreaker(name="late"), RateLimiter(name="late")
+        for b in (early_b, late_b):
+            b.force_open()
+        for lim in (early_l, late_l):
+            lim.hit("k", rule); lim.hit("k", rule)
+        text = generate_latest(REGISTRY).decode()
+        names = []
+        for rm in reader.get_metrics_data().resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    names += [(m.name, dict(p.attributes), p.value) for p in m.data.data_points]
+        print(json.dumps({"prom": text, "otel": names}))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60, check=True, cwd=ROOT)
+    got = json.loads(out.stdout)
+    for name in ("early", "late"):
+        assert f'stormguard_breaker_state{{name="{name}",state="open"}} 1.0' in got["prom"]
+        assert (f'stormguard_limiter_decisions_total{{name="{name}",result="denied",'
+                f'rule="r"}} 1.0') in got["prom"]
+        assert ["stormguard_breaker_state", {"name": name, "state": "open"}, 1.0] \
+            in got["otel"]
+        assert ["stormguard_limiter_decisions", {"name": name, "rule": "r",
+                                                 "result": "denied"}, 1] in got["otel"]
+
+
+def test_enabling_twice_is_harmless_and_bad_arguments_are_named() -> None:
+    registry = CollectorRegistry()
+    a = observability.enable_prometheus(registry)
+    assert observability.enable_prometheus(registry) is a
+    provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    assert observability.enable_opentelemetry(provider) is \
+        observability.enable_opentelemetry(provider)
+    with pytest.raises(TypeError, match="registry"):
+        observability.enable_prometheus("default")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="meter_provider"):
+        observability.enable_opentelemetry(42)
+    with pytest.raises(ConfigError, match="top_keys"):
+        RateLimiter(top_keys=0)
+    with pytest.raises(ConfigError, match="name"):
+        RateLimiter(name="")
+
+
+def test_schema_is_documented_in_one_table() -> None:
+    doc = (ROOT / "docs" / "observability.md").read_text(encoding="utf-8")
+    for name, spec in metrics.SCHEMA.items():
+        shown = f"`{name}_total`" if spec.kind == "counter" else f"`{name}`"
+        assert shown in doc, name
+    # every metric's labels are names from configuration or fixed sets: never a key
+    for spec in metrics.SCHEMA.values():
+        assert "key" not in spec.labels

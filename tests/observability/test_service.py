@@ -1,0 +1,161 @@
+"""The service's side: ``GET /v1/top``, ``GET /v1/stats``, the dashboard's files, the
+schema on ``/metrics``, the degraded start/stop log lines (a real Redis killed and
+restarted) and ``serve --log-format json`` (a real process)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from stormguard import AsyncRateLimiter
+from stormguard.service import create_app
+from tests.redis_servers import free_port, start_redis
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES = [
+    {"name": "login", "scope": "user", "limit": 2, "window": 60},
+    {"name": "dry", "scope": "ip", "limit": 1, "window": 60, "shadow": True},
+]
+
+
+def client(app: object) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app),  # type: ignore[arg-type]
+                             base_url="http://sg")
+
+
+async def test_top_reports_the_most_denied_keys_with_their_rules() -> None:
+    app = create_app(rules=RULES, top_keys=100)
+    async with client(app) as c:
+        for user, n in [("mallory", 12), ("bob", 4), ("alice", 1)]:
+            for _ in range(n):
+                await c.post("/v1/check", json={"user": user, "ip": "10.0.0.1"})
+        top = (await c.get("/v1/top", params={"n": 2})).json()
+        # a check the enforced rule denies stops there: the shadow rule sees only the five
+        # that passed (one allowed, four it would have denied)
+        assert [(k["key"], k["count"], k["rules"]) for k in top["keys"]] == [
+            ("user:mallory", 10, ["login"]), ("ip:10.0.0.1", 4, ["dry"])]
+        assert top["capacity"] == 100
+        assert top["held"] == 3
+        assert top["denials"] == 10 + 4 + 2
+        assert len((await c.get("/v1/top")).json()["keys"]) == 3  # n defaults to 20
+        for bad in ("0", "1001", "x", "-1", "2.5"):
+            r = await c.get("/v1/top", params={"n": bad})
+            assert r.status_code == 422
+            assert r.json()["field"] == "n"
+
+
+async def test_stats_metrics_and_dashboard_files() -> None:
+    app = create_app(rules=RULES)
+    async with client(app) as c:
+        before = (await c.get("/v1/stats")).json()
+        for _ in range(5):
+            await c.post("/v1/check", json={"user": "u", "ip": "10.0.0.2"})
+        stats = (await c.get("/v1/stats")).json()
+        assert stats["checks"] - before["checks"] == 5
+        assert stats["rules"]["login"]["denied"] - before["rules"].get(
+            "login", {"denied": 0})["denied"] == 3
+        assert stats["top"][0]["key"] in ("ip:10.0.0.2", "user:u")
+        assert stats["store"]["on_error"] == "allow"
+        metrics = (await c.get("/metrics")).text
+        assert 'stormguard_limiter_decisions_total{name="limiter",result="denied",' \
+               'rule="login"}' in metrics
+        page = await c.get("/dashboard")
+        assert page.status_code == 200
+        assert "script-src 'self'" in page.headers["content-security-policy"]
+        assert "http" not in page.text.replace("http-equiv", "")  # nothing from elsewhere
+        for name, media in [("dashboard.js", "text/javascript"), ("dashboard.css", "text/css")]:
+            r = await c.get(f"/dashboard/assets/{name}")
+            assert r.status_code == 200
+            assert r.headers["content-type"].startswith(media)
+            assert "//cdn" not in r.text and "https://" not in r.text
+        for bad in ("dashboard.html", "..%2Fapp.py", "x.js"):
+            assert (await c.get(f"/dashboard/assets/{bad}")).status_code == 404
+
+
+@pytest.mark.slow
+async def test_one_log_line_when_degraded_starts_and_one_when_it_stops(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A real Redis, SIGKILLed then restarted on its port: one WARNING when checks start
+    being answered by on_error, none while they stay degraded, one when the store
+    answers again (with how many were degraded)."""
+    server = start_redis()
+    try:
+        limiter = AsyncRateLimiter(server.url, breaker_cooldown=0.05, timeout=0.2)
+        app = create_app(limiter, RULES)
+        caplog.set_level(logging.WARNING, logger="stormguard.service")
+        async with client(app) as c:
+            async def check() -> dict[str, object]:
+                r = await c.post("/v1/check", json={"user": "u1"})
+                assert r.status_code == 200  # an outage is never a 500
+                body: dict[str, object] = r.json()
+                return body
+
+            assert (await check())["degraded"] is False
+            server.stop()
+            for _ in range(5):
+                assert (await check())["degraded"] is True
+            started = [r for r in caplog.records if getattr(r, "event", "") == "degraded_start"]
+            assert len(started) == 1
+            assert "on_error=allow" in started[0].getMessage()
+            assert (await c.get("/v1/stats")).json()["degraded_now"] is True
+            server.restart()
+            deadline = time.monotonic() + 10
+            while (await check())["degraded"] is True:
+                assert time.monotonic() < deadline, "the store never answered again"
+                await asyncio.sleep(0.05)  # real time: the store's breaker cool-down
+            await check()
+            stopped = [r for r in caplog.records if getattr(r, "event", "") == "degraded_stop"]
+            assert len(stopped) == 1
+            assert getattr(stopped[0], "degraded_decisions", 0) >= 5
+            assert len([r for r in caplog.records
+                        if getattr(r, "event", "") == "degraded_start"]) == 1
+        await limiter.aclose()
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_serve_log_format_json_writes_one_json_object_per_line() -> None:
+    """A real ``stormguard serve --log-format json`` process: every line it writes to
+    stderr while starting, serving and stopping is one JSON object."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stormguard", "serve", "--port", str(port),
+         "--log-format", "json"], stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    lines: list[str] = []
+    try:
+        assert proc.stderr is not None
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stderr, selectors.EVENT_READ)
+        deadline = time.monotonic() + 20
+        while not any("running on" in ln.lower() for ln in lines):
+            assert time.monotonic() < deadline, lines
+            if sel.select(timeout=0.5):  # real time: a real server process starting
+                line = proc.stderr.readline().decode()
+                assert line, f"serve exited: {lines}"
+                lines.append(line)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/check",
+                       json={"key": "k", "limit": 1, "window": 60}, timeout=5)
+        assert r.status_code == 200
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    lines += err.decode().splitlines()
+    records = [json.loads(ln) for ln in lines if ln.strip()]
+    assert {"ts", "level", "logger", "message"} <= set(records[0])
+    loggers = {r["logger"] for r in records}
+    assert "stormguard.service" in loggers
+    assert "uvicorn.error" in loggers
+    assert proc.returncode == 0

@@ -17,9 +17,17 @@
     if (cls) { td.className = cls; }
     row.appendChild(td);
   }
-  function fill(tbodyOf, rows) {
+  function fill(tbodyOf, rows, empty) {
     var tbody = el(tbodyOf).querySelector("tbody");
     tbody.textContent = "";
+    if (rows.length === 0 && empty) {
+      var tr = document.createElement("tr"), td = document.createElement("td");
+      td.colSpan = 5;
+      td.className = "empty";
+      td.textContent = empty;
+      tr.appendChild(td);
+      tbody.appendChild(tr);
+    }
     rows.forEach(function (cells) {
       var tr = document.createElement("tr");
       cells.forEach(function (c) { cell(tr, c[0], c[1]); });
@@ -83,13 +91,13 @@
       var x = r.rules[name];
       return [[name], [fmt(x.allowed), "ok"], [fmt(x.denied), "bad"],
               [fmt(x.shadow_denied)], [now.rules[name].denied.toLocaleString("en")]];
-    }));
+    }), "no check yet");
     fill("top-keys", now.top.map(function (t) {
       return [[t.key, "key"], [t.count.toLocaleString("en")], [t.rules.join(", ")]];
-    }));
+    }), "no key denied yet");
     fill("breakers", now.breakers.map(function (b) {
       return [[b.name], [b.kind], [b.state, "state-" + b.state]];
-    }));
+    }), "no breaker: the store has none, no CircuitBreaker in this process");
     el("queues-section").hidden = now.queues.length === 0;
     fill("queues", now.queues.map(function (q) {
       return [[q.name], [q.kind], [q.depth === null ? "-" : String(q.depth)]];

@@ -60,7 +60,8 @@ def service(tmp_path: Path) -> Iterator[str]:
                     break
             except httpx.HTTPError:
                 pass
-            assert proc.poll() is None and time.monotonic() < deadline, "serve did not start"
+            assert proc.poll() is None, "serve exited"
+            assert time.monotonic() < deadline, "serve did not start"
             time.sleep(0.1)  # real time: a real server process starting
         yield url
     finally:
@@ -115,7 +116,8 @@ def test_dashboard_is_live_in_a_real_browser(service: str, browser: webdriver.Ch
         stop.set()
         sender.join(10)
     rules_table = browser.find_element(By.ID, "rules").text
-    assert "login" in rules_table and "search" in rules_table
+    assert "login" in rules_table
+    assert "search" in rules_table
     first = number(browser, "total-checks")
     with httpx.Client(base_url=service, timeout=5) as c:
         for _ in range(20):

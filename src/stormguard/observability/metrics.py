@@ -48,6 +48,7 @@ __all__ = [
     "STATS_METRICS",
     "MetricSpec",
     "Sample",
+    "Select",
     "enable",
     "enabled",
     "snapshot",
@@ -313,14 +314,21 @@ def _read_stats(kind: str, obj: Any) -> Iterator[Sample]:
             yield metric, (str(obj.name),), float(value)
 
 
-def snapshot() -> dict[str, dict[Labels, float]]:
+Select = Callable[[str, Any], bool]
+"""``select(kind, component)``: whether a live component is reported."""
+
+
+def snapshot(select: Select | None = None) -> dict[str, dict[Labels, float]]:
     """Every metric's current series: ``{name: {label values: value}}`` (only metrics with
-    at least one series appear). Both exporters read this."""
+    at least one series appear). Both exporters read this. ``select`` keeps only some
+    live components (the service reports its own limiter, not other apps')."""
     with _lock:
         out = {m: dict(series) for m, series in _counters.items()}
     kinds = set(READERS) | set(STATS_METRICS)
     for kind in sorted(kinds):
         for obj in tracked(kind):
+            if select is not None and not select(kind, obj):
+                continue
             samples: Iterable[Sample]
             samples = (READERS[kind](obj) if kind in READERS else _read_stats(kind, obj))
             for metric, labels, value in samples:

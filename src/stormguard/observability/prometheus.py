@@ -6,19 +6,22 @@ from collections.abc import Iterator
 
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from stormguard.observability import metrics
 
 __all__ = ["StormguardCollector", "enable_prometheus"]
 
 
-class StormguardCollector(Collector):
+class StormguardCollector:
     """Yields every metric of :data:`~stormguard.observability.metrics.SCHEMA` that has a
-    series, read from :func:`~stormguard.observability.metrics.snapshot` at scrape time."""
+    series, read from :func:`~stormguard.observability.metrics.snapshot` at scrape time
+    (``select``: which live components to report, default all)."""
+
+    def __init__(self, select: metrics.Select | None = None) -> None:
+        self.select = select
 
     def collect(self) -> Iterator[Metric]:
-        snap = metrics.snapshot()
+        snap = metrics.snapshot(self.select)
         for name, spec in metrics.SCHEMA.items():
             series = snap.get(name)
             if not series:
@@ -39,10 +42,12 @@ class StormguardCollector(Collector):
 _collectors: dict[int, tuple[CollectorRegistry, StormguardCollector]] = {}
 
 
-def enable_prometheus(registry: CollectorRegistry | None = None) -> StormguardCollector:
+def enable_prometheus(registry: CollectorRegistry | None = None, *,
+                      select: metrics.Select | None = None) -> StormguardCollector:
     """Report every policy, store and limiter (created before or after this call) on
     ``registry`` (prometheus-client's default registry when omitted). Calling it again
-    with the same registry returns the collector already registered."""
+    with the same registry returns the collector already registered. ``select(kind,
+    component)`` reports only the live components it accepts."""
     reg = REGISTRY if registry is None else registry
     if not isinstance(reg, CollectorRegistry):
         raise TypeError(f"registry: must be a prometheus_client CollectorRegistry, got "
@@ -51,7 +56,7 @@ def enable_prometheus(registry: CollectorRegistry | None = None) -> StormguardCo
     if known is not None and known[0] is reg:
         return known[1]
     metrics.enable()
-    collector = StormguardCollector()
+    collector = StormguardCollector(select)
     reg.register(collector)
     _collectors[id(reg)] = (reg, collector)
     return collector

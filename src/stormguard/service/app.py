@@ -93,7 +93,9 @@ def create_app(limiter: AsyncRateLimiter | RateLimiter | None = None,
     else:
         source = MemoryRules(initial)
     service = Service(limiter, source, admin_token, metrics or Metrics(), top_keys)
-    enable_prometheus(service.metrics.registry)
+    own = service.limiter  # another app's limiter reports on that app's /metrics, not here
+    enable_prometheus(service.metrics.registry,
+                      select=lambda kind, obj: kind != "limiter" or obj is own)
     s = service
     routes = [
         Route("/v1/check", RawEndpoint(s.check), methods=["POST"]),  # 405 for other methods

@@ -15,7 +15,7 @@ def test_observability_doc_blocks_run() -> None:
     assert len(found) >= 4
     namespace: dict[str, object] = {"__name__": f"doc:{name}"}
     for i, code in enumerate(found):
-        exec(compile(code, f"{name}[block {i}]", "exec"), namespace)  # noqa: S102
+        exec(compile(code, f"{name}[block {i}]", "exec"), namespace)
 
 
 def test_the_doc_shows_a_screenshot_of_the_dashboard() -> None:

@@ -302,3 +302,59 @@ def test_schema_is_documented_in_one_table() -> None:
     # every metric's labels are names from configuration or fixed sets: never a key
     for spec in metrics.SCHEMA.values():
         assert "key" not in spec.labels
+
+
+class _Component:
+    """Stands for a component built alongside, with the ``stats()`` its branch defines
+    (the same keys and value types), to hold the mapping to the schema."""
+
+    def __init__(self, name: str, kind: str, stats: dict[str, object]) -> None:
+        self.name, self._stats = name, stats
+        metrics.track(self, kind)
+
+    def stats(self) -> dict[str, object]:
+        return self._stats
+
+
+def test_planned_components_are_mapped_to_their_stats() -> None:
+    registry = CollectorRegistry()
+    observability.enable_prometheus(registry)
+    parts = [
+        _Component("sms-pace", "shaper", {"waiting": 3, "departed": 10, "waited": 4,
+                                          "rejected": 2, "paused_for": 0.0}),
+        _Component("emails", "queue", {"pending": 5, "in_flight": 1, "dead": 2}),
+        _Component("edge", "hybrid", {"syncs": 9, "keys_synced": 40, "local_decisions": 900,
+                                      "degraded": True, "hot_keys": None}),
+        _Component("api", "shedder", {"limit": 40, "in_flight": 12, "waiting": 3,
+                                      "shed": {"critical": 0, "sheddable": 7}}),
+    ]
+    p = prom(registry)
+    assert value(p, "stormguard_shaper_queue_depth", name="sms-pace") == 3
+    assert value(p, "stormguard_shaper_waits_total", name="sms-pace") == 4
+    assert value(p, "stormguard_shaper_rejected_total", name="sms-pace") == 2
+    assert value(p, "stormguard_queue_pending", name="emails") == 5
+    assert value(p, "stormguard_queue_dead", name="emails") == 2
+    assert value(p, "stormguard_hybrid_syncs_total", name="edge") == 9
+    assert value(p, "stormguard_hybrid_degraded", name="edge") == 1
+    assert value(p, "stormguard_adaptive_limit", name="api") == 40
+    assert value(p, "stormguard_concurrency_limit_in_flight", name="api") == 12
+    assert value(p, "stormguard_shed_total", name="api", tier="sheddable") == 7
+    del parts
+
+
+def test_a_component_that_fails_to_answer_hides_only_itself(
+        caplog: pytest.LogCaptureFixture) -> None:
+    class Broken:
+        name = "broken-queue"
+
+        def stats(self) -> dict[str, int]:
+            raise OSError("queue store down")
+
+    broken = Broken()
+    metrics.track(broken, "queue")
+    ok = _Component("fine-queue", "queue", {"pending": 1, "in_flight": 0, "dead": 0})
+    snap = metrics.snapshot()
+    assert snap["stormguard_queue_pending"][("fine-queue",)] == 1
+    assert ("broken-queue",) not in snap["stormguard_queue_pending"]
+    assert "broken-queue" in caplog.text
+    del broken, ok

@@ -21,6 +21,7 @@ from a fixed set), never request data such as keys: cardinality is bounded by de
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -55,6 +56,8 @@ __all__ = [
     "track",
     "tracked",
 ]
+
+_log = logging.getLogger("stormguard")
 
 MAX_SERIES = 10_000
 """Label combinations one metric may hold; beyond it new combinations are dropped (names
@@ -116,23 +119,27 @@ SCHEMA: dict[str, MetricSpec] = {s.name: s for s in (
     _c("stormguard_bulkhead_rejected", _N, "Calls a bulkhead rejected"),
     _c("stormguard_timeouts", ("name", "kind"), "Timeouts that fired (kind: attempt, total)"),
     _c("stormguard_fallbacks", _N, "Answers a fallback gave instead of the call"),
-    # components built alongside (planned: wired by one STATS_METRICS entry each)
+    # components built alongside: wired below (STATS_METRICS, READERS); they report
+    # once their constructors call track(self, kind) (planned until then)
     _g("stormguard_concurrency_limit_in_flight", _N,
-       "Calls in flight under a concurrency limit", planned=True),
-    _c("stormguard_concurrency_limit_rejected", _N,
-       "Calls a concurrency limit rejected", planned=True),
-    _g("stormguard_adaptive_limit", _N, "The adaptive concurrency limit's current value",
+       "Calls in flight under a concurrency limit or shedder", planned=True),
+    _g("stormguard_concurrency_limit_waiting", _N,
+       "Calls waiting for a concurrency limit or shedder", planned=True),
+    _g("stormguard_adaptive_limit", _N, "The (adaptive) concurrency limit's current value",
        planned=True),
-    _c("stormguard_shed", ("name", "tier"), "Requests shed by tier", planned=True),
-    _c("stormguard_shaper_waits", _N, "Calls a shaper delayed", planned=True),
+    _c("stormguard_shed", ("name", "tier"), "Requests shed, by tier", planned=True),
     _g("stormguard_shaper_queue_depth", _N, "Calls waiting in a shaper", planned=True),
+    _c("stormguard_shaper_waits", _N, "Calls a shaper delayed", planned=True),
     _c("stormguard_shaper_rejected", _N, "Calls a shaper rejected", planned=True),
     _g("stormguard_queue_pending", _N, "Deferred-queue jobs pending", planned=True),
     _g("stormguard_queue_in_flight", _N, "Deferred-queue jobs in flight", planned=True),
     _g("stormguard_queue_dead", _N, "Deferred-queue jobs dead-lettered", planned=True),
     _c("stormguard_hybrid_syncs", _N, "Hybrid store sync rounds", planned=True),
-    _c("stormguard_hybrid_sync_errors", _N, "Hybrid store sync rounds that failed",
+    _c("stormguard_hybrid_keys_synced", _N, "Keys a hybrid store synced", planned=True),
+    _c("stormguard_hybrid_local_decisions", _N, "Decisions a hybrid store took locally",
        planned=True),
+    _g("stormguard_hybrid_degraded", _N,
+       "1 while a hybrid store cannot sync (it decides on its outage share)", planned=True),
 )}
 
 Labels = tuple[str, ...]
@@ -291,26 +298,55 @@ def _read_store(store: Any) -> Iterator[Sample]:
             yield "stormguard_store_breaker_state", labels, v
 
 
+def _read_shedder(obj: Any) -> Iterator[Sample]:
+    # the shape of a shedder's (and a ConcurrencyLimit's) stats(): scalars and "shed" by tier
+    stats = obj.stats()
+    name = (str(obj.name),)
+    for key, metric in (("in_flight", "stormguard_concurrency_limit_in_flight"),
+                        ("waiting", "stormguard_concurrency_limit_waiting"),
+                        ("limit", "stormguard_adaptive_limit")):
+        v = stats.get(key)
+        if isinstance(v, int | float):
+            yield metric, name, float(v)
+    shed = stats.get("shed")
+    if isinstance(shed, dict):
+        for tier, n in sorted(shed.items()):
+            yield "stormguard_shed", (*name, str(tier)), float(n)
+
+
 READERS: dict[str, Callable[[Any], Iterable[Sample]]] = {
     "breaker": _read_breaker,
     "bulkhead": _read_bulkhead,
     "limiter": _read_limiter,
     "store": _read_store,
+    "shedder": _read_shedder,
+    "concurrency_limit": _read_shedder,
 }
 """Component kind -> the samples read from one live component of that kind."""
 
-STATS_METRICS: dict[str, dict[str, str]] = {}
+STATS_METRICS: dict[str, dict[str, str]] = {
+    "shaper": {"waiting": "stormguard_shaper_queue_depth",
+               "waited": "stormguard_shaper_waits",
+               "rejected": "stormguard_shaper_rejected"},
+    "queue": {"pending": "stormguard_queue_pending",
+              "in_flight": "stormguard_queue_in_flight",
+              "dead": "stormguard_queue_dead"},
+    "hybrid": {"syncs": "stormguard_hybrid_syncs",
+               "keys_synced": "stormguard_hybrid_keys_synced",
+               "local_decisions": "stormguard_hybrid_local_decisions",
+               "degraded": "stormguard_hybrid_degraded"},
+}
 """Kind -> {key of the component's ``stats()`` dict: metric name}: wiring a component that
 offers ``stats()`` is one entry here (the metric in :data:`SCHEMA` with labels
-``("name",)``), e.g. ``STATS_METRICS["shaper"] = {"queued": "stormguard_shaper_queue_depth"}``
-and ``track(shaper, "shaper")`` in its constructor."""
+``("name",)``) and ``track(self, kind)`` in its constructor. Numbers are read as they
+are, booleans as 0 / 1."""
 
 
 def _read_stats(kind: str, obj: Any) -> Iterator[Sample]:
     stats = obj.stats()
     for key, metric in STATS_METRICS[kind].items():
         value = stats.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool):
+        if isinstance(value, int | float):  # bool is an int: 0 / 1
             yield metric, (str(obj.name),), float(value)
 
 
@@ -329,8 +365,13 @@ def snapshot(select: Select | None = None) -> dict[str, dict[Labels, float]]:
         for obj in tracked(kind):
             if select is not None and not select(kind, obj):
                 continue
-            samples: Iterable[Sample]
-            samples = (READERS[kind](obj) if kind in READERS else _read_stats(kind, obj))
+            try:  # one component failing to answer (a queue's store down) hides only itself
+                samples = list(READERS[kind](obj) if kind in READERS
+                               else _read_stats(kind, obj))
+            except Exception:
+                _log.warning("stormguard metrics: reading %s %r failed", kind,
+                             getattr(obj, "name", obj), exc_info=True)
+                continue
             for metric, labels, value in samples:
                 series = out.setdefault(metric, {})
                 if labels in series:

@@ -15,17 +15,23 @@ body) is a :class:`~stormguard.StorageError`, so the limiter's ``on_error`` deci
 
 **How a rule is sent** (``rules=``):
 
-* ``"inline"`` (default): the rule's parameters, ``{"key", "limit", "window",
-  "algorithm", "burst", "cost"}``; the service enforces exactly the rule the app gives.
-  A named rule's name is folded into the key (``"<name>|<key>"``) so two rules with the
-  same parameters keep separate counters, as they do in every other store.
-* ``"named"``: ``{"key", "rule": rule.name}``: the service's rule of that name decides
-  (its limit, as the service's rules file or control plane says; the rule given here
-  names it). This shares counters with the service's own checks of ``key`` + rule.
+* ``"inline"`` (default): the rules' parameters, ``{"key", "limits": [{"limit", "window",
+  "algorithm", "burst", "name"}, ...]}``; the service enforces exactly the rules the app
+  gives (the name is part of a rule's counters, as in every other store).
+* ``"named"``: ``{"key", "rule": name}`` (or a list of names): the service's rules of
+  those names decide (their limits, as the service's rules file or control plane says;
+  the rules given here name them). This shares counters with the service's own checks
+  of ``key`` + rule.
 
-What the service API does not offer is refused with a :class:`~stormguard.ConfigError`:
-``peek``, ``reset``, and ``hit_all`` over more than one rule (the service checks one
-rule per call; all-or-nothing over several could not be kept).
+Every store operation is supported: ``hit``, ``hit_all`` (several rules, all or nothing,
+one call), ``peek`` (``"peek": true``: nothing consumed), ``reset`` (``POST /v1/reset``,
+a control-plane call: give the service's admin token as ``token=``), and ``ping``.
+
+**A sick service fails fast.** ``breaker_threshold`` consecutive failures (connection
+errors, timeouts, 5xx answers) open the client's breaker for ``breaker_cooldown``
+seconds: calls are refused at once with :class:`~stormguard.StorageCircuitOpen` (the
+limiter's ``on_error`` decides) instead of each waiting for the ``timeout``; then one
+probe call decides whether it closes again. ``store.breaker.state`` tells.
 """
 
 from __future__ import annotations
@@ -40,8 +46,9 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 import httpx
 
 from stormguard._core import validate
+from stormguard._core.breaker import BreakerMachine
 from stormguard._core.clock import Clock, system_clock
-from stormguard._core.errors import ConfigError, StorageError
+from stormguard._core.errors import ConfigError, StorageCircuitOpen, StorageError
 from stormguard.ratelimit.decision import Decision
 from stormguard.ratelimit.rule import Rule
 from stormguard.stores.base import Store, check_cost, check_rules, key_error
@@ -79,7 +86,9 @@ class ServiceStore(Store):
 
     def __init__(self, url: str = "http://127.0.0.1:8080", *, timeout: float = 0.5,
                  rules: RulesMode = "inline", max_batch: int = 1000,
-                 headers: Mapping[str, str] | None = None, clock: Clock | None = None,
+                 headers: Mapping[str, str] | None = None, token: str | None = None,
+                 breaker_threshold: int = 5, breaker_cooldown: float = 1.0,
+                 clock: Clock | None = None,
                  transport: httpx.BaseTransport | None = None,
                  async_transport: httpx.AsyncBaseTransport | None = None) -> None:
         if not isinstance(url, str) or urlsplit(url).scheme not in ("http", "https"):
@@ -95,6 +104,20 @@ class ServiceStore(Store):
                               "checks per batch")
         self.clock = clock or system_clock
         self._headers = dict(headers or {})
+        if token is not None:
+            validate.text("token", token)
+            self._headers["authorization"] = f"Bearer {token}"
+        threshold = validate.integer("breaker_threshold", breaker_threshold)
+        cooldown = validate.number("breaker_cooldown", breaker_cooldown)
+        name = f"service:{urlsplit(self.url).netloc}"
+        self.breaker = BreakerMachine(
+            window=threshold, failure_rate=1.0, min_calls=threshold, half_open_calls=1,
+            open_for=cooldown, probe_lease=max(cooldown, self.timeout), name=name,
+            clock=self.clock, reject=lambda reason, remaining: StorageCircuitOpen(
+                f"stormguard service {self.url}: client circuit breaker is "
+                f"{'half-open (probe in flight)' if reason == 'half_open_full' else 'open'}",
+                remaining=remaining, name=name))
+        """Opens after ``breaker_threshold`` consecutive failures (see the module doc)."""
         self._async_transport = async_transport
         self._client = httpx.Client(base_url=self.url, timeout=self.timeout,
                                     headers=self._headers, transport=transport)
@@ -118,44 +141,68 @@ class ServiceStore(Store):
                 options.setdefault("max_batch", _int(name, value))
             elif name == "rules":
                 options.setdefault("rules", value)
+            elif name == "breaker_threshold":
+                options.setdefault("breaker_threshold", _int(name, value))
+            elif name == "breaker_cooldown":
+                options.setdefault("breaker_cooldown", _float(name, value))
             else:
                 raise ConfigError("store", url, f"unknown option {name!r}; expected "
-                                  "timeout, max_batch or rules")
+                                  "timeout, max_batch, rules, breaker_threshold or "
+                                  "breaker_cooldown")
         return cls(urlunsplit((scheme, parts.netloc, parts.path, "", "")), **options)
 
     def __repr__(self) -> str:
         return f"ServiceStore({self.url!r}, rules={self.rules!r})"
 
     # -- the wire format ---------------------------------------------------------------
-    def _body(self, key: str, rule: Rule, cost: int) -> bytes:
+    def _body(self, key: str, rules: Sequence[Rule], cost: int, peek: bool = False) -> bytes:
         if type(key) is not str:
             raise key_error(key)
-        if not isinstance(rule, Rule):
-            raise ConfigError("rule", rule, "must be a stormguard.Rule")
-        if type(cost) is not int or cost != 1:
-            cost = check_cost(rule, cost)
+        for rule in rules:
+            if not isinstance(rule, Rule):
+                raise ConfigError("rule", rule, "must be a stormguard.Rule")
+            if type(cost) is not int or cost != 1:
+                cost = check_cost(rule, cost)
         body: dict[str, Any]
         if self.rules == "named":
-            if not rule.name:
-                raise ConfigError("rule", rule, "ServiceStore(rules='named') sends the rule's "
-                                  "name: give the Rule the name of a rule of the service")
-            body = {"key": key, "rule": rule.name}
+            names = []
+            for rule in rules:
+                if not rule.name:
+                    raise ConfigError("rule", rule, "ServiceStore(rules='named') sends the "
+                                      "rule's name: give the Rule the name of a rule of the "
+                                      "service")
+                names.append(rule.name)
+            body = {"key": key, "rule": names[0] if len(names) == 1 else names}
         else:
-            body = {"key": f"{rule.name}|{key}" if rule.name else key, "limit": rule.limit,
-                    "window": rule.window, "algorithm": rule.algorithm}
-            if rule.burst is not None:
-                body["burst"] = rule.burst
+            limits = []
+            for rule in rules:
+                limit: dict[str, Any] = {"limit": rule.limit, "window": rule.window,
+                                         "algorithm": rule.algorithm}
+                if rule.burst is not None:
+                    limit["burst"] = rule.burst
+                if rule.name:
+                    limit["name"] = rule.name
+                limits.append(limit)
+            body = {"key": key, "limits": limits}
         if cost != 1:
             body["cost"] = cost
+        if peek:
+            body["peek"] = True
         return json.dumps(body, separators=(",", ":")).encode()
 
-    def _decision(self, answer: _Answer, rule: Rule) -> Decision:
+    def _decision(self, answer: _Answer, rules: Sequence[Rule]) -> Decision:
         try:
             allowed, limit, remaining = answer["allowed"], answer["limit"], answer["remaining"]
             reset_after, retry_after = answer["reset_after"], answer["retry_after"]
             if not (isinstance(allowed, bool) and type(limit) is int
                     and type(remaining) is int):
                 raise TypeError(answer)
+            rule = rules[0]
+            if len(rules) > 1:  # the binding rule: by the name the answer gives, or limit
+                name = answer.get("rule")
+                rule = next((r for r in rules if r.name and r.name == name),
+                            next((r for r in rules if r.limit == limit and not r.name),
+                                 rules[0]))
             return Decision(allowed, limit, remaining, float(reset_after), float(retry_after),
                             rule, answer.get("degraded") is True)
         except (KeyError, TypeError, ValueError):
@@ -179,39 +226,53 @@ class ServiceStore(Store):
         except ValueError as exc:
             raise self._error(path, exc) from None
 
+    # -- the breaker --------------------------------------------------------------------
+    def _verdict(self, epoch: int, exc: BaseException | None) -> None:
+        if exc is None or (isinstance(exc, ServiceError) and exc.status is not None
+                           and exc.status < 500):
+            self.breaker.on_success(epoch)  # it answered: the service is up
+        elif isinstance(exc, StorageError):
+            self.breaker.on_failure(epoch)
+        else:  # cancelled, or a bug: no verdict on the service
+            self.breaker.release(epoch)
+
     # -- blocking ----------------------------------------------------------------------
     def _post(self, path: str, content: bytes) -> Any:
+        epoch = self.breaker.acquire()  # raises StorageCircuitOpen while open: no network
         self.requests_sent += 1
         try:
-            r = self._client.post(path, content=content, headers=_JSON)
-        except httpx.HTTPError as exc:
-            raise self._error(path, exc) from None
-        return self._answer(path, r)
+            try:
+                r = self._client.post(path, content=content, headers=_JSON)
+            except httpx.HTTPError as exc:
+                raise self._error(path, exc) from None
+            answer = self._answer(path, r)
+        except BaseException as exc:
+            self._verdict(epoch, exc)
+            raise
+        self._verdict(epoch, None)
+        return answer
 
-    def hit(self, key: str, rule: Rule, cost: int = 1) -> Decision:
-        body = self._body(key, rule, cost)
+    def _check(self, key: str, rules: Sequence[Rule], cost: int, peek: bool) -> Decision:
+        body = self._body(key, rules, cost, peek)
         self.checks_sent += 1
         answer = self._post("/v1/check", body)
-        return self._decision(answer if isinstance(answer, dict) else {}, rule)
+        return self._decision(answer if isinstance(answer, dict) else {}, rules)
+
+    def hit(self, key: str, rule: Rule, cost: int = 1) -> Decision:
+        return self._check(key, (rule,), cost, False)
 
     def hit_all(self, key: str, rules: Sequence[Rule], cost: int = 1) -> Decision:
-        return self.hit(key, self._one_rule(rules, cost), cost)
+        return self._check(key, check_rules(rules, cost), cost, False)
 
     def peek(self, key: str, rule: Rule, cost: int = 1) -> Decision:
-        raise ConfigError("peek", rule, "the stormguard service API has no peek (a check "
-                          "always consumes); ServiceStore cannot answer one")
+        return self._check(key, (rule,), cost, True)
+
+    def _reset_body(self, key: str, rule: Rule | Sequence[Rule]) -> bytes:
+        rules = (rule,) if isinstance(rule, Rule) else check_rules(rule, 1)
+        return self._body(key, rules, 1)
 
     def reset(self, key: str, rule: Rule | Sequence[Rule]) -> None:
-        raise ConfigError("reset", rule, "the stormguard service API cannot reset counters")
-
-    @staticmethod
-    def _one_rule(rules: Sequence[Rule], cost: int) -> Rule:
-        checked = check_rules(rules, cost)
-        if len(checked) > 1:
-            raise ConfigError("rules", [str(r) for r in checked],
-                              "ServiceStore checks one rule per call: the service API has "
-                              "no all-or-nothing check over several rules")
-        return checked[0]
+        self._post("/v1/reset", self._reset_body(key, rule))
 
     def ping(self) -> bool:
         try:
@@ -233,24 +294,29 @@ class ServiceStore(Store):
             self._loops[loop] = st
         return loop, st
 
-    async def ahit(self, key: str, rule: Rule, cost: int = 1) -> Decision:
-        body = self._body(key, rule, cost)
+    async def _acheck(self, key: str, rules: Sequence[Rule], cost: int, peek: bool
+                      ) -> Decision:
+        body = self._body(key, rules, cost, peek)
         loop, st = self._state()
         fut: asyncio.Future[_Answer] = loop.create_future()
         st.pending.append((body, fut))
         if not st.scheduled:
             st.scheduled = True
             loop.call_soon(self._flush, loop, st)
-        return self._decision(await fut, rule)
+        return self._decision(await fut, rules)
+
+    async def ahit(self, key: str, rule: Rule, cost: int = 1) -> Decision:
+        return await self._acheck(key, (rule,), cost, False)
 
     async def ahit_all(self, key: str, rules: Sequence[Rule], cost: int = 1) -> Decision:
-        return await self.ahit(key, self._one_rule(rules, cost), cost)
+        return await self._acheck(key, check_rules(rules, cost), cost, False)
 
     async def apeek(self, key: str, rule: Rule, cost: int = 1) -> Decision:
-        return self.peek(key, rule, cost)
+        return await self._acheck(key, (rule,), cost, True)
 
     async def areset(self, key: str, rule: Rule | Sequence[Rule]) -> None:
-        self.reset(key, rule)
+        _, st = self._state()
+        await self._apost(st, "/v1/reset", self._reset_body(key, rule))
 
     def _flush(self, loop: asyncio.AbstractEventLoop, st: _LoopState) -> None:
         pending, st.pending, st.scheduled = st.pending, [], False
@@ -260,12 +326,19 @@ class ServiceStore(Store):
             task.add_done_callback(st.tasks.discard)
 
     async def _apost(self, st: _LoopState, path: str, content: bytes) -> Any:
+        epoch = self.breaker.acquire()  # raises StorageCircuitOpen while open: no network
         self.requests_sent += 1
         try:
-            r = await st.client.post(path, content=content, headers=_JSON)
-        except httpx.HTTPError as exc:
-            raise self._error(path, exc) from None
-        return self._answer(path, r)
+            try:
+                r = await st.client.post(path, content=content, headers=_JSON)
+            except httpx.HTTPError as exc:
+                raise self._error(path, exc) from None
+            answer = self._answer(path, r)
+        except BaseException as exc:
+            self._verdict(epoch, exc)
+            raise
+        self._verdict(epoch, None)
+        return answer
 
     async def _one(self, st: _LoopState, body: bytes, fut: asyncio.Future[_Answer]) -> None:
         try:
@@ -301,8 +374,8 @@ class ServiceStore(Store):
             if not isinstance(results, list) or len(results) != len(batch):
                 raise ServiceError(f"stormguard service {self.url}/v1/check/batch: "
                                    f"not a batch answer: {answer!r:.200}")
-        except ServiceError as exc:
-            if exc.status is not None and 400 <= exc.status < 500:
+        except StorageError as exc:
+            if isinstance(exc, ServiceError) and exc.status is not None and 400 <= exc.status < 500:
                 # the service refuses a batch whole, before consuming anything: send the
                 # checks one by one so only the check at fault fails
                 await asyncio.gather(*(self._one(st, body, fut) for body, fut in batch))

@@ -15,6 +15,8 @@ from tests.redis_servers import free_port
 from tests.service.helpers import wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
+TOKEN = "client-test-token"
+"""The service's admin token (``ServiceStore(token=...)`` for ``reset``)."""
 RULES = """rules:
   - {name: three, scope: user, limit: 3, window: 1h, algorithm: fixed_window}
   - {name: big, scope: user, limit: 1000000, window: 1h, algorithm: fixed_window}
@@ -27,8 +29,7 @@ def service_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     rules = tmp_path_factory.mktemp("client-serve") / "rules.yaml"
     rules.write_text(RULES)
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    env.pop("STORMGUARD_ADMIN_TOKEN", None)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "STORMGUARD_ADMIN_TOKEN": TOKEN}
     proc = subprocess.Popen(
         [sys.executable, "-m", "stormguard", "serve", "--port", str(port), "--rules",
          str(rules), "--log-level", "warning"],

@@ -12,7 +12,10 @@ import httpx
 import pytest
 
 from stormguard import AsyncRateLimiter, ConfigError, RateLimiter, Rule, StorageError
+from stormguard._core.errors import StorageCircuitOpen
 from stormguard.client import ServiceError, ServiceStore
+from stormguard.testing import FakeClock
+from tests.client.conftest import TOKEN
 
 THREE = Rule(3, 3600, "fixed_window", name="three")
 BIG = Rule(1_000_000, 3600, "fixed_window", name="big")
@@ -51,17 +54,115 @@ def test_cost_and_hit_all_of_one_rule(service_url: str) -> None:
             limiter.hit(key, THREE, cost=4)  # above the capacity: refused before sending
 
 
-def test_what_the_api_cannot_do_is_a_config_error(service_url: str) -> None:
-    store = ServiceStore(service_url, rules="named")
-    with pytest.raises(ConfigError, match="peek"):
-        RateLimiter(store).peek(_key(), THREE)
-    with pytest.raises(ConfigError, match="reset"):
-        RateLimiter(store).reset(_key(), THREE)
-    with pytest.raises(ConfigError, match="one rule per call"):
-        RateLimiter(store).hit_all(_key(), [THREE, BIG])
+def test_peek_hit_all_and_reset_on_the_service(service_url: str) -> None:
+    """Every Store operation goes to the service: peek consumes nothing, hit_all is all or
+    nothing over several rules in one call, reset (with the admin token) forgets."""
+    a = Rule(2, 3600, "fixed_window", name="a")
+    b = Rule(3, 3600, "fixed_window", name="b")
+    store = ServiceStore(service_url, token=TOKEN)
+    limiter = RateLimiter(store)
+    key = _key()
+    assert limiter.peek(key, a).remaining == 2
+    assert limiter.peek(key, a).remaining == 2  # nothing consumed
+    decisions = [limiter.hit_all(key, [a, b]) for _ in range(3)]
+    assert [d.allowed for d in decisions] == [True, True, False]
+    assert decisions[2].rule is a  # the binding rule, as the service named it
+    assert limiter.peek(key, b).remaining == 1  # the denied hit_all took nothing from b
+    sent = store.requests_sent
+    limiter.reset(key, [a, b])
+    assert store.requests_sent == sent + 1
+    assert limiter.hit_all(key, [a, b]).remaining == 1
+    # named mode: the service's rules, several at once
+    named = RateLimiter(ServiceStore(service_url, rules="named", token=TOKEN))
+    assert [named.hit_all(key, [THREE, BIG]).allowed for _ in range(4)] == [
+        True, True, True, False]
+    assert named.peek(key, BIG).remaining == 1_000_000 - 3
+    named.reset(key, THREE)
+    assert named.hit(key, THREE).remaining == 2
     with pytest.raises(ConfigError, match="name"):
-        store.hit(_key(), Rule(3, 60))  # named mode needs a rule name
+        named.store.hit(_key(), Rule(3, 60))  # named mode needs a rule name
+    # reset is a control-plane call: without the token the service refuses it
+    tokenless = ServiceStore(service_url)
+    with pytest.raises(ServiceError, match="401") as info:
+        tokenless.reset(key, a)
+    assert info.value.status == 401
+    tokenless.close()
+    limiter.close()
+    named.close()
+
+
+async def test_async_peek_hit_all_and_reset(service_url: str) -> None:
+    a = Rule(2, 3600, "fixed_window", name="a")
+    b = Rule(3, 3600, "fixed_window", name="b")
+    store = ServiceStore(service_url, token=TOKEN)
+    limiter = AsyncRateLimiter(store)
+    key = _key()
+    # concurrent peeks and hits of one iteration: one batch, each answered as itself
+    peek, hit = await asyncio.gather(limiter.peek(key, a), limiter.hit_all(key, [a, b]))
+    assert store.requests_sent == 1
+    assert (peek.remaining, hit.remaining) == (2, 1)
+    assert (await limiter.hit_all(key, [a, b])).remaining == 0
+    assert not (await limiter.hit_all(key, [a, b])).allowed
+    await limiter.reset(key, [a, b])
+    assert (await limiter.peek(key, a)).remaining == 2
+    await limiter.aclose()
+
+
+def test_a_failing_service_opens_the_client_breaker(down_url: str) -> None:
+    """After breaker_threshold failures, checks are refused at once without a request
+    (each would otherwise wait for the timeout); one probe after the cool-down."""
+    clock = FakeClock()
+    store = ServiceStore(down_url, rules="named", breaker_threshold=3, breaker_cooldown=2.0,
+                         clock=clock)
+    limiter = RateLimiter(store)
+    for _ in range(3):
+        assert limiter.hit(_key(), THREE).degraded
+    assert store.requests_sent == 3
+    assert store.breaker.state == "open"
+    with pytest.raises(StorageCircuitOpen) as info:
+        store.hit(_key(), THREE)
+    assert info.value.remaining == pytest.approx(2.0)
+    d = limiter.hit(_key(), THREE)
+    assert d.allowed  # on_error="allow"
+    assert d.degraded
+    assert store.requests_sent == 3  # no request while open
+    clock.advance(2.0)
+    assert limiter.hit(_key(), THREE).degraded  # the probe: still down
+    assert store.requests_sent == 4
+    assert store.breaker.state == "open"
     store.close()
+
+
+def test_the_breaker_closes_when_the_service_answers(service_url: str) -> None:
+    clock = FakeClock()
+    store = ServiceStore(service_url, rules="named", breaker_threshold=2, breaker_cooldown=1.0,
+                         clock=clock)
+    for _ in range(2):
+        store.breaker.on_failure(store.breaker.acquire())  # two failures seen before
+    assert store.breaker.state == "open"
+    clock.advance(1.0)
+    assert store.hit(_key(), THREE).remaining == 2  # the probe succeeds
+    assert store.breaker.state == "closed"
+    # a refusal (4xx) is an answer: the service is up, the breaker does not count it
+    for _ in range(3):
+        with pytest.raises(ServiceError, match="404"):
+            store.hit(_key(), Rule(3, 60, name="no-such-rule"))
+    assert store.breaker.state == "closed"
+    store.close()
+
+
+async def test_async_checks_fail_fast_while_open(down_url: str) -> None:
+    clock = FakeClock()
+    store = ServiceStore(down_url, breaker_threshold=1, breaker_cooldown=5.0, clock=clock)
+    limiter = AsyncRateLimiter(store, on_error="deny")
+    assert not (await limiter.hit(_key(), THREE)).allowed
+    sent = store.requests_sent
+    decisions = await asyncio.gather(*(limiter.hit(_key(), THREE) for _ in range(5)))
+    assert all(d.degraded and not d.allowed for d in decisions)
+    assert store.requests_sent == sent  # refused by the breaker, no request
+    with pytest.raises(StorageCircuitOpen):
+        await store.ahit(_key(), THREE)
+    await limiter.aclose()
 
 
 async def test_concurrent_checks_go_as_one_batch(service_url: str) -> None:
@@ -183,7 +284,7 @@ ANSWER = {"allowed": True, "limit": 5, "remaining": 4, "reset_after": 12.0,
 
 
 def test_inline_wire_format() -> None:
-    """The inline-limit form of /v1/check: the rule's parameters, its name in the key."""
+    """The inline form of /v1/check: the rules' parameters and names under ``limits``."""
     seen, transport = _recording(ANSWER)
     store = ServiceStore("http://sg", transport=transport)
     rule = Rule(5, 60, "token_bucket", burst=5, name="api")
@@ -193,11 +294,17 @@ def test_inline_wire_format() -> None:
     assert d.rule is rule
     assert d.reset_after == 12.0
     store.hit("user:1", Rule.parse("10/minute"))
+    store.peek("user:1", rule)
+    other = Rule(5, 60, "fixed_window", name="other")
+    assert store.hit_all("user:1", [rule, other]).rule is rule  # same limit: the first
+    api = {"limit": 5, "window": 60, "algorithm": "token_bucket", "burst": 5, "name": "api"}
     assert seen == [
-        ("/v1/check", {"key": "api|user:1", "limit": 5, "window": 60,
-                       "algorithm": "token_bucket", "burst": 5, "cost": 2}),
-        ("/v1/check", {"key": "user:1", "limit": 10, "window": 60,
-                       "algorithm": "sliding_window_counter"}),
+        ("/v1/check", {"key": "user:1", "limits": [api], "cost": 2}),
+        ("/v1/check", {"key": "user:1", "limits": [
+            {"limit": 10, "window": 60, "algorithm": "sliding_window_counter"}]}),
+        ("/v1/check", {"key": "user:1", "limits": [api], "peek": True}),
+        ("/v1/check", {"key": "user:1", "limits": [
+            api, {"limit": 5, "window": 60, "algorithm": "fixed_window", "name": "other"}]}),
     ]
 
 
@@ -242,4 +349,37 @@ async def test_an_unexpected_error_fails_the_waiting_checks() -> None:
     limiter = AsyncRateLimiter(store)
     decisions = await asyncio.gather(*(limiter.hit(f"k{i}", THREE) for i in range(3)))
     assert all(d.degraded for d in decisions)
+    await store.aclose()
+
+
+async def test_the_middleware_checks_several_keys_through_the_service(service_url: str) -> None:
+    """A request matching a per-user and a per-ip rule (two keys: the check peeks one and
+    hits the other) works over ServiceStore: the counters live in the service."""
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from stormguard.middleware import RateLimitMiddleware
+
+    async def hello(request: object) -> PlainTextResponse:
+        return PlainTextResponse("hi")
+
+    tag = uuid.uuid4().hex[:8]
+    rules = [{"name": f"ip-{tag}", "scope": "ip", "limit": 3, "window": 3600,
+              "algorithm": "fixed_window"},
+             {"name": f"user-{tag}", "scope": "user", "limit": 2, "window": 3600,
+              "algorithm": "fixed_window"}]
+    store = ServiceStore(service_url)
+    app = RateLimitMiddleware(Starlette(routes=[Route("/", hello)]),
+                              limiter=AsyncRateLimiter(store), rules=rules,
+                              user=lambda scope: "alice")
+    transport = httpx.ASGITransport(app=app, client=("192.0.2.7", 5000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://app") as c:
+        codes = [(await c.get("/")).status_code for _ in range(3)]
+    assert codes == [200, 200, 429]  # the user's 2 bind first
+    assert store.checks_sent >= 3
+    # the per-ip counter lives in the service: two requests charged it, the denied one not
+    d = await AsyncRateLimiter(store).peek("ip:192.0.2.7", Rule(3, 3600, "fixed_window",
+                                                               name=f"ip-{tag}"))
+    assert d.remaining == 1
     await store.aclose()

@@ -117,6 +117,6 @@ def test_openapi_declares_the_inline_check_and_reset() -> None:
     inline = schemas["Check"]["oneOf"][1]
     assert inline["required"] == ["key", "limit", "window"]
     assert set(inline["properties"]) == {"key", "limit", "window", "algorithm", "burst",
-                                         "cost"}
+                                         "cost", "peek"}
     assert "reset" in schemas["CheckResult"]["required"]
     assert schemas["CheckResult"]["properties"]["reset"]["type"] == "integer"

@@ -1,4 +1,5 @@
-"""The control plane: ``/v1/rules`` and ``/v1/rules/{name}`` behind a bearer token."""
+"""The control plane, behind a bearer token: ``/v1/rules``, ``/v1/rules/{name}`` and
+``POST /v1/reset`` (forget a key's counters)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from stormguard._core.errors import StorageError
+from stormguard.ratelimit.limiter import AsyncRateLimiter
 from stormguard.ratelimit.rules import RulesError, RuleSet, RuleSpec
 from stormguard.service.base import ServiceBase
+from stormguard.service.check import parse_check
 from stormguard.service.http import (
     MAX_RULES_BODY,
     ApiError,
@@ -126,3 +129,31 @@ class AdminEndpoints(ServiceBase):
         rules = await self._edit(request, delete)
         return json_response({"version": rules.version, "deleted": name}, 200,
                              etag(rules.version))
+
+    async def reset_counters(self, request: Request) -> Response:
+        """``POST /v1/reset`` with a key-based check body (``key`` + ``rule``, ``key`` +
+        an inline limit, or ``key`` + ``limits``): forget that key's counters of those
+        rules. It lifts a limit, so it is a control-plane call (the bearer token)."""
+        self._authorize(request)
+        if not self._started:
+            await self.start()
+        body = await read_json(request)
+        if isinstance(body, dict):
+            extra = [k for k in ("cost", "peek") if k in body]
+            if extra:
+                raise ApiError(422, f"{extra[0]}: not a field of a reset", field=extra[0])
+        c = parse_check(body, self.source.current)
+        if c.key is None:
+            raise ApiError(422, "key: a reset names a key and its rule (key + rule, key + "
+                           "limit, or key + limits)", field="key")
+        rules = [spec.rule for spec in c.specs]
+        target = rules if len(rules) > 1 else rules[0]
+        try:
+            if isinstance(self.limiter, AsyncRateLimiter):
+                await self.limiter.reset(c.key, target)
+            else:
+                self.limiter.reset(c.key, target)
+        except StorageError as exc:
+            raise ApiError(503, f"store unavailable: {exc}") from None
+        return json_response({"reset": True, "key": c.key,
+                              "rules": [spec.name for spec in c.specs if spec.name]})

@@ -100,6 +100,7 @@ def create_app(limiter: AsyncRateLimiter | RateLimiter | None = None,
     routes = [
         Route("/v1/check", RawEndpoint(s.check), methods=["POST"]),  # 405 for other methods
         Route("/v1/check/batch", handle(s.check_batch), methods=["POST"]),
+        Route("/v1/reset", handle(s.reset_counters), methods=["POST"]),
         # one route per path, dispatching on the method, so a 405 lists every method
         Route("/v1/rules", by_method(GET=s.get_rules, PUT=s.put_rules),
               methods=["GET", "PUT"]),

@@ -22,6 +22,7 @@ from stormguard.ratelimit.rules import (
     RequestAttrs,
     RuleSet,
     acheck_plan,
+    apeek_plan,
 )
 from stormguard.service.base import ServiceBase
 from stormguard.service.http import ApiError, json_response, loads, read_body, read_json
@@ -45,7 +46,9 @@ _YIELD_EVERY = 20_000
 """Rule evaluations (a matched pair counts 20) between two yields to the event loop in a
 batch: about 5-10 ms of work in pure Python."""
 _ATTRS = ("user", "api_key", "ip", "method", "path", "tier")
-_CHECK_FIELDS = frozenset(("key", "rule", "cost", *_ATTRS, *INLINE_FIELDS))
+_CHECK_FIELDS = frozenset(("key", "rule", "cost", "peek", "limits", *_ATTRS, *INLINE_FIELDS))
+MAX_LIMITS = 16
+"""Inline limits one check may carry in ``limits`` (all-or-nothing on its key)."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -81,14 +84,39 @@ def result_json(result: CheckResult, now: float) -> bytes:
 class Check:
     """One validated check request."""
 
-    __slots__ = ("attrs", "cost", "key", "spec")
+    __slots__ = ("attrs", "cost", "key", "peek", "specs")
 
-    def __init__(self, key: str | None, spec: Matched | None, attrs: RequestAttrs | None,
-                 cost: int) -> None:
+    def __init__(self, key: str | None, specs: tuple[Matched, ...], attrs: RequestAttrs | None,
+                 cost: int, peek: bool = False) -> None:
         self.key = key
-        self.spec = spec
+        self.specs = specs
         self.attrs = attrs
         self.cost = cost
+        self.peek = peek
+
+    @property
+    def spec(self) -> Matched | None:
+        """The one rule of a key+rule (or key+limit) check."""
+        return self.specs[0] if len(self.specs) == 1 else None
+
+
+def _parse_limits(obj: dict[str, object], where: str) -> tuple[InlineRule, ...]:
+    items = obj["limits"]
+    if not isinstance(items, list) or not items or len(items) > MAX_LIMITS:
+        raise ApiError(422, f"{where}limits: must be a list of 1 to {MAX_LIMITS} inline "
+                       "limits ({\"limit\", \"window\", ...})", field=f"{where}limits")
+    out = []
+    for i, item in enumerate(items):
+        at = f"{where}limits[{i}]."
+        if not isinstance(item, dict):
+            raise ApiError(422, f"{at[:-1]}: must be a JSON object", field=at[:-1])
+        out.append(parse_inline(item, at, named=True))
+    ids = [s.rule.id for s in out]
+    dup = next((i for i, rid in enumerate(ids) if rid in ids[:i]), None)
+    if dup is not None:
+        raise ApiError(422, f"{where}limits[{dup}]: the same limit twice (give each a "
+                       "different 'name' to count them apart)", field=f"{where}limits[{dup}]")
+    return tuple(out)
 
 
 def parse_check(obj: object, rules: RuleSet, where: str = "") -> Check:
@@ -107,8 +135,14 @@ def parse_check(obj: object, rules: RuleSet, where: str = "") -> Check:
         if v is not None and not isinstance(v, str):
             raise ApiError(422, f"{where}{name}: must be a string (got {v!r:.40})",
                            field=f"{where}{name}")
+    peek = obj.get("peek", False)
+    if not isinstance(peek, bool):
+        raise ApiError(422, f"{where}peek: must be true or false (got {peek!r:.40})",
+                       field=f"{where}peek")
     key, rule = obj.get("key"), obj.get("rule")
     inline = [n for n in INLINE_FIELDS if obj.get(n) is not None]
+    if obj.get("limits") is not None:
+        inline.append("limits")
     if key is not None or rule is not None or inline:
         if not isinstance(key, str) or not key or len(key) > MAX_KEY:
             raise ApiError(422, f"{where}key: must be a non-empty string of at most {MAX_KEY} "
@@ -121,25 +155,43 @@ def parse_check(obj: object, rules: RuleSet, where: str = "") -> Check:
         if attrs:
             raise ApiError(422, f"{where}{attrs[0]}: give either key+rule (or key+limit) or "
                            "request attributes, not both", field=f"{where}{attrs[0]}")
+        if "limits" in inline:
+            if len(inline) > 1:
+                raise ApiError(422, f"{where}{inline[0]}: give either one inline limit or "
+                               "'limits', not both", field=f"{where}{inline[0]}")
+            return Check(key, _parse_limits(obj, where), None, cost, peek)
         if inline:
-            return Check(key, parse_inline(obj, where), None, cost)
-        if not isinstance(rule, str):
-            raise ApiError(422, f"{where}rule: must be a rule name when 'key' is given "
-                           f"(got {rule!r:.40})", field=f"{where}rule")
-        spec = rules.get(rule)
-        if spec is None:
-            raise ApiError(404, f"{where}rule: unknown rule {rule!r:.80}", field=f"{where}rule")
-        return Check(key, spec, None, cost)
+            return Check(key, (parse_inline(obj, where),), None, cost, peek)
+        names = rule if isinstance(rule, list) else [rule]
+        if (not names or len(names) > MAX_LIMITS
+                or not all(isinstance(n, str) for n in names)):
+            raise ApiError(422, f"{where}rule: must be a rule name (or a list of 1 to "
+                           f"{MAX_LIMITS} rule names, all or nothing on the key) when 'key' "
+                           f"is given (got {rule!r:.40})", field=f"{where}rule")
+        specs = []
+        for n in names:
+            assert isinstance(n, str)
+            spec = rules.get(n)
+            if spec is None:
+                raise ApiError(404, f"{where}rule: unknown rule {n!r:.80}", field=f"{where}rule")
+            if spec in specs:
+                raise ApiError(422, f"{where}rule: {n!r:.80} given twice", field=f"{where}rule")
+            specs.append(spec)
+        return Check(key, tuple(specs), None, cost, peek)
+    if peek:
+        raise ApiError(422, f"{where}peek: only with key+rule or key+limit checks",
+                       field=f"{where}peek")
     a = RequestAttrs(obj.get("user"), obj.get("api_key"), obj.get("ip"), obj.get("method"),
                      obj.get("path"), obj.get("tier"))
-    return Check(None, None, a, cost)
+    return Check(None, (), a, cost)
 
 
 def plan_check(c: Check, rules: RuleSet, where: str = "") -> Plan:
     """The ``(key, rule)`` pairs of a check; a cost above any of their capacities is
     a 422 here, before anything is consumed (a batch is refused whole)."""
-    if c.spec is not None and c.key is not None:
-        plan: Plan = [(c.key, c.spec)]
+    if c.specs and c.key is not None:
+        key = c.key
+        plan: Plan = [(key, spec) for spec in c.specs]
     else:
         assert c.attrs is not None
         plan = rules.plan(c.attrs)
@@ -159,17 +211,22 @@ class CheckEndpoints(ServiceBase):
     def _plan(c: Check, rules: RuleSet, where: str = "") -> Plan:
         return plan_check(c, rules, where)
 
-    async def _run(self, plan: Plan, cost: int) -> CheckResult:
+    async def _run(self, plan: Plan, cost: int, peek: bool = False) -> CheckResult:
         t0 = time.perf_counter()
         try:
-            result = await acheck_plan(self.limiter, plan, cost)
+            if peek:
+                result = await apeek_plan(self.limiter, plan, cost)
+            else:
+                result = await acheck_plan(self.limiter, plan, cost)
         except ConfigError as exc:  # a rule this store cannot enforce: say so, never a 500
             raise ApiError(422, f"the store refuses the rule: {exc}"[:500],
                            field=exc.field) from None
-        self.metrics.record(result, time.perf_counter() - t0)
-        self.observe(plan, result)
-        if len(plan) == 1 and type(plan[0][1]) is InlineRule:
-            result.rules = []  # no named rule applied
+        if not peek:  # a peek decides nothing: it is not counted as a check
+            self.metrics.record(result, time.perf_counter() - t0)
+            self.observe(plan, result)
+        if plan and all(type(spec) is InlineRule for _, spec in plan):
+            # inline limits are not rules of the service: no rule names in the answer
+            result.rules = [spec.name for _, spec in plan if spec.name]
         return result
 
     async def check(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -180,7 +237,7 @@ class CheckEndpoints(ServiceBase):
                 await self.start()
             rules = self.source.current
             c = parse_check(loads(await read_body(scope, receive)), rules)
-            result = await self._run(plan_check(c, rules), c.cost)
+            result = await self._run(plan_check(c, rules), c.cost, c.peek)
             status, body = 200, result_json(result, self.limiter.store.clock.wall())
             headers = [(k.lower().encode(), v.encode()) for k, v in result.headers().items()]
         except ApiError as exc:
@@ -222,15 +279,15 @@ class CheckEndpoints(ServiceBase):
                 raise ApiError(422, f"checks: the batch matches more than {MAX_MATCHES} "
                                f"(check, rule) pairs (at checks[{i}]), more than one request "
                                "may cost: send smaller batches", field="checks")
-            plans.append((plan, c.cost))
+            plans.append((plan, c.cost, c.peek))
             if work >= _YIELD_EVERY:
                 work = 0
                 await asyncio.sleep(0)  # let other requests in between
         if isinstance(self.limiter.store, MemoryStore):
             # never waits on I/O: one task per check would only add overhead
             results = []
-            for plan, cost in plans:
-                results.append(await self._run(plan, cost))
+            for plan, cost, peek in plans:
+                results.append(await self._run(plan, cost, peek))
                 work += 20 * len(plan)
                 if work >= _YIELD_EVERY:
                     work = 0
@@ -238,7 +295,8 @@ class CheckEndpoints(ServiceBase):
         else:
             # concurrently, as the library's own concurrent path: the store batches the
             # checks in flight together (one round trip per batch and node, not per check)
-            answers = await asyncio.gather(*(self._run(plan, cost) for plan, cost in plans),
+            answers = await asyncio.gather(*(self._run(plan, cost, peek)
+                                             for plan, cost, peek in plans),
                                            return_exceptions=True)
             for answer in answers:
                 if isinstance(answer, BaseException):

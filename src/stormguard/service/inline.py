@@ -20,18 +20,33 @@ INLINE_FIELDS = ("limit", "window", "algorithm", "burst")
 
 @dataclass(frozen=True, slots=True)
 class InlineRule:
-    """An inline limit as a matched rule of a check plan (it has no name: answers say
-    ``"rule": null`` and ``"rules": []``). Two checks with the same parameters on the
-    same key share counters; a named rule never shares them (its name is in its id)."""
+    """An inline limit as a matched rule of a check plan (without a name, answers say
+    ``"rule": null`` and ``"rules": []``). Two checks with the same parameters and name
+    on the same key share counters; different names never do (the name is in the id)."""
 
     rule: Rule
-    name: str = field(default="", init=False)
     shadow: bool = field(default=False, init=False)
 
+    @property
+    def name(self) -> str:
+        return self.rule.name or ""
 
-def parse_inline(obj: dict[str, object], where: str = "") -> InlineRule:
-    """The inline limit of a check object (``limit`` given); 422 naming the field."""
-    data = {"name": "inline", "scope": "global",
+
+def parse_inline(obj: dict[str, object], where: str = "", *, named: bool = False
+                 ) -> InlineRule:
+    """The inline limit of a check object (``limit`` given); 422 naming the field.
+
+    With ``named`` (an entry of ``limits``), the object may also carry a ``name``: the
+    rule's name, part of its counters' identity (two limits with the same parameters
+    but different names count separately, as two named rules do)."""
+    if named:
+        unknown = [k for k in obj if k not in (*INLINE_FIELDS, "name")]
+        if unknown:
+            raise ApiError(422, f"{where}{unknown[0]}: unknown field; expected some of "
+                           f"{sorted((*INLINE_FIELDS, 'name'))}",
+                           field=f"{where}{unknown[0]}"[:200])
+    name = obj.get("name") if named else None
+    data = {"name": name if name is not None else "inline", "scope": "global",
             **{k: obj[k] for k in INLINE_FIELDS if obj.get(k) is not None}}
     for required in ("limit", "window"):
         if required not in data:
@@ -43,6 +58,9 @@ def parse_inline(obj: dict[str, object], where: str = "") -> InlineRule:
         p = exc.problems[0]
         raise ApiError(422, f"{where}{p.field}: {p.problem}"[:500],
                        field=f"{where}{p.field}"[:200]) from None
+    if name is not None:
+        return InlineRule(Rule(spec.limit, spec.window, spec.algorithm, spec.burst,
+                               name=spec.name))
     return InlineRule(Rule(spec.limit, spec.window, spec.algorithm, spec.burst))
 
 

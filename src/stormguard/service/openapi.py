@@ -85,25 +85,51 @@ def _document() -> dict[str, Any]:
     }
     cost = {"type": "integer", "minimum": 1, "default": 1,
             "description": "at most the capacity of every rule it meets (else 422)"}
+    peek = {"type": "boolean", "default": False,
+            "description": "answer what the check would decide, consuming nothing"}
     key_check = {
         "type": "object", "required": ["key", "rule"], "additionalProperties": False,
         "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 4096},
-                       "rule": {"type": "string"}, "cost": cost}}
+                       "rule": {"oneOf": [
+                           {"type": "string"},
+                           {"type": "array", "items": {"type": "string"}, "minItems": 1,
+                            "maxItems": 16, "description": "several rules on the key, all "
+                            "or nothing"}]},
+                       "cost": cost, "peek": peek}}
     inline_check = {
         "type": "object", "required": ["key", "limit", "window"], "additionalProperties": False,
         "description": "An inline limit, validated as a rule of the rules file is (no name: "
                        "the answer's rule is null)",
         "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 4096,
                                "examples": ["user:42:GET:/search"]},
-                       **limit, "cost": cost}}
+                       **limit, "cost": cost, "peek": peek}}
+    named_limit = {"type": "object", "required": ["limit", "window"],
+                   "additionalProperties": False,
+                   "properties": {**limit, "name": {
+                       "type": "string", "description": "part of the counters' identity: "
+                       "two limits with equal parameters and different names count apart"}}}
+    limits_check = {
+        "type": "object", "required": ["key", "limits"], "additionalProperties": False,
+        "description": "Several inline limits on one key, all or nothing: consumed only "
+                       "when every limit admits",
+        "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 4096},
+                       "limits": {"type": "array", "minItems": 1, "maxItems": 16,
+                                  "items": named_limit},
+                       "cost": cost, "peek": peek}}
     attr_check = {
         "type": "object", "additionalProperties": False,
         "properties": {"user": _STR_OR_NULL, "api_key": _STR_OR_NULL, "ip": _STR_OR_NULL,
                        "method": _STR_OR_NULL, "path": _STR_OR_NULL, "tier": _STR_OR_NULL,
                        "cost": cost}}
-    check = {"description": "Key + rule, key + an inline limit, or request attributes "
-                            "that the rules match.",
-             "oneOf": [key_check, inline_check, attr_check]}
+    check = {"description": "Key + rule, key + an inline limit, key + several inline "
+                            "limits, or request attributes that the rules match.",
+             "oneOf": [key_check, inline_check, limits_check, attr_check]}
+    keyed: list[dict[str, Any]] = [key_check, inline_check, limits_check]
+    reset_body = {"description": "A key and its rules (key + rule, key + an inline limit, "
+                                 "or key + limits)",
+                  "oneOf": [{**c, "properties": {n: p for n, p in c["properties"].items()
+                                                 if n not in ("cost", "peek")}}
+                            for c in keyed]}
     result = {
         "type": "object",
         "required": ["allowed", "limit", "remaining", "reset_after", "retry_after", "rule",
@@ -158,6 +184,15 @@ def _document() -> dict[str, Any]:
                     "type": "object", "properties": {"results": {
                         "type": "array", "items": _ref("CheckResult")}}}),
                     "404": _answer("Unknown rule", _ref("Error")), **_ERRORS}}},
+            "/v1/reset": {"post": {
+                "summary": "Forget a key's counters of the given rules (control plane)",
+                "security": admin, "requestBody": _json_body(reset_body),
+                "responses": {"200": _answer("Reset", {
+                    "type": "object", "properties": {
+                        "reset": {"type": "boolean"}, "key": {"type": "string"},
+                        "rules": {"type": "array", "items": {"type": "string"}}}}),
+                    "404": _answer("Unknown rule", _ref("Error")), **_ERRORS,
+                    **_ADMIN_ERRORS}}},
             "/v1/rules": {
                 "get": {"summary": "The rule set and its version", "security": admin,
                         "responses": {"200": {**_answer("Rules", _ref("RuleSet")),

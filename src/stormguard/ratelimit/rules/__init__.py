@@ -48,8 +48,10 @@ from stormguard.ratelimit.rules.check import (
     Plan,
     Step,
     acheck_plan,
+    apeek_plan,
     check_flow,
     check_plan,
+    peek_plan,
     run_sync,
 )
 from stormguard.ratelimit.rules.matching import METHODS, SCOPES, Matcher, RequestAttrs
@@ -79,7 +81,9 @@ __all__ = [
     "RulesError",
     "Step",
     "acheck_plan",
+    "apeek_plan",
     "check_flow",
     "check_plan",
+    "peek_plan",
     "run_sync",
 ]

@@ -10,10 +10,10 @@ from typing import Any, Protocol
 from stormguard.ratelimit.decision import Decision
 from stormguard.ratelimit.limiter import AsyncRateLimiter, RateLimiter
 from stormguard.ratelimit.rule import Rule
-from stormguard.stores.base import check_cost
+from stormguard.stores.base import binding, check_cost
 
-__all__ = ["CheckResult", "Flow", "Matched", "Plan", "Step", "acheck_plan", "check_flow",
-           "check_plan", "run_sync"]
+__all__ = ["CheckResult", "Flow", "Matched", "Plan", "Step", "acheck_plan", "apeek_plan",
+           "check_flow", "check_plan", "peek_plan", "run_sync"]
 
 
 class Matched(Protocol):
@@ -178,3 +178,37 @@ def run_sync(limiter: RateLimiter, flow: Flow) -> CheckResult:
     except StopIteration as stop:
         result: CheckResult = stop.value
         return result
+
+
+def _peek_result(plan: Plan, decisions: Sequence[Decision]) -> CheckResult:
+    names = [spec.name for _, spec in plan]
+    degraded = any(d.degraded for d in decisions)
+    enforced = [d for (_, spec), d in zip(plan, decisions, strict=True) if not spec.shadow]
+    shadow_denied = [spec.name for (_, spec), d in zip(plan, decisions, strict=True)
+                     if spec.shadow and not d.allowed]
+    if enforced:
+        d = binding(enforced)
+        return CheckResult(d.allowed, d, False, shadow_denied, degraded, names)
+    d = binding(decisions)
+    return CheckResult(True, d, True, shadow_denied, degraded, names)
+
+
+def peek_plan(limiter: RateLimiter, plan: Plan, cost: int = 1) -> CheckResult:
+    """What :func:`check_plan` would answer, consuming nothing (one peek per pair)."""
+    if not plan:
+        return CheckResult(True, None)
+    for _, spec in plan:
+        check_cost(spec.rule, cost)
+    return _peek_result(plan, [limiter.peek(key, spec.rule, cost) for key, spec in plan])
+
+
+async def apeek_plan(limiter: AsyncRateLimiter | RateLimiter, plan: Plan,
+                     cost: int = 1) -> CheckResult:
+    """:func:`peek_plan` for an async limiter (a blocking one is called directly)."""
+    if not isinstance(limiter, AsyncRateLimiter):
+        return peek_plan(limiter, plan, cost)
+    if not plan:
+        return CheckResult(True, None)
+    for _, spec in plan:
+        check_cost(spec.rule, cost)
+    return _peek_result(plan, [await limiter.peek(key, spec.rule, cost) for key, spec in plan])

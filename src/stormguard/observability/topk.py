@@ -7,10 +7,12 @@ error bound ``error``: its true count is in ``[count - error, count]``. A key wh
 count exceeds (total / capacity) is always held, so the keys denied most are there.
 
 When full, a new key replaces the key of least count, inheriting that count as its error.
-The minimum is found with a heap of ``(count, tick, key)`` entries with lazy deletion:
-an increment pushes a fresh entry and leaves the stale one; stale entries are skipped when
-popped, and the heap is rebuilt from the live counts when it grows past 4 x capacity, so
-memory stays O(capacity) and an update costs O(log capacity) amortised.
+The minimum is found with a heap holding one ``(count, tick, key)`` entry per held key,
+updated lazily: an increment only bumps the key's count (O(1)); an eviction pops the
+smallest entry and, when its count is stale (lower than the key's count now), pushes it
+back with the current count and pops again. Stored counts never exceed the true ones, so
+the first entry popped that is not stale is a true minimum. Memory: the dict and a heap
+of exactly ``capacity`` entries.
 """
 
 from __future__ import annotations
@@ -71,10 +73,10 @@ class SpaceSaving:
         """Count ``weight`` more for ``key`` (denied by ``rule``)."""
         with self._lock:
             self.total += weight
-            self._tick += 1
             counts = self._counts
             entry = counts.get(key)
             if entry is None:
+                self._tick += 1
                 if len(counts) < self.capacity:
                     entry = counts[key] = [weight, 0]
                 else:
@@ -83,6 +85,7 @@ class SpaceSaving:
                     del self._rules[victim]
                     entry = counts[key] = [floor + weight, floor]
                 self._rules[key] = (rule,) if rule is not None else ()
+                heapq.heappush(self._heap, (entry[0], self._tick, key))
             else:
                 entry[0] += weight
                 if rule is not None:
@@ -90,24 +93,17 @@ class SpaceSaving:
                     if not rules or rules[-1] != rule:
                         rules = (*(r for r in rules if r != rule), rule)[-_MAX_RULES:]
                         self._rules[key] = rules
-            heap = self._heap
-            heapq.heappush(heap, (entry[0], self._tick, key))
-            if len(heap) > 4 * self.capacity:
-                self._rebuild()
 
     def _pop_min(self) -> str:
         heap, counts = self._heap, self._counts
         while True:
             c, _, k = heap[0]
-            entry = counts.get(k)
-            if entry is not None and entry[0] == c:
+            now = counts[k][0]
+            if now == c:
                 heapq.heappop(heap)
                 return k
-            heapq.heappop(heap)  # stale: the key moved on (or left)
-
-    def _rebuild(self) -> None:
-        self._heap = [(e[0], i, k) for i, (k, e) in enumerate(self._counts.items())]
-        heapq.heapify(self._heap)
+            self._tick += 1
+            heapq.heapreplace(heap, (now, self._tick, k))  # stale: back with its count
 
     def top(self, n: int = 20) -> list[TopKey]:
         """The ``n`` keys of highest count, highest first (ties: by key)."""

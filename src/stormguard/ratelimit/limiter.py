@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal, ParamSpec, TypeVar
@@ -27,6 +28,15 @@ _ON_ERROR = ("allow", "deny", "local")
 
 def _capacity(rule: Rule) -> int:
     return rule.capacity
+
+
+_RuleCounters = tuple["itertools.count[int]", "itertools.count[int]", "itertools.count[int]",
+                      "itertools.count[int]"]
+
+
+def _count_value(counter: itertools.count[int]) -> int:
+    # an itertools.count's next value, read without advancing it: its repr is "count(N)"
+    return int(repr(counter)[6:-1])
 
 
 class _Base:
@@ -61,7 +71,8 @@ class _Base:
         self.top: SpaceSaving | None = (
             None if top_keys is None else SpaceSaving(validate.integer("top_keys", top_keys)))
         """With ``top_keys=K``: the K most-denied keys (a bounded space-saving sketch)."""
-        self._decisions: dict[tuple[str, str], int] = {}
+        # rule name -> counters of (allowed, denied, degraded, of the denied: shadow)
+        self._decisions: dict[str, _RuleCounters] = {}
         self._counting = False
         self._instrumented = False
         _metrics.track(self, "limiter")
@@ -84,38 +95,56 @@ class _Base:
         is "allowed", "denied", "shadow_denied" (a shadow rule of a rule set denied) or
         "degraded" (answered by ``on_error``)."""
         with self._count_lock:
-            return dict(self._decisions)
+            rows = list(self._decisions.items())
+        out: dict[tuple[str, str], int] = {}
+        for name, (allowed, denied, degraded, shadow) in rows:
+            n_shadow = _count_value(shadow)
+            for result, n in (("allowed", _count_value(allowed)),
+                              ("denied", _count_value(denied) - n_shadow),
+                              ("shadow_denied", n_shadow),
+                              ("degraded", _count_value(degraded))):
+                if n:
+                    out[(name, result)] = n
+        return out
 
     def _enable_metrics(self) -> None:
         self._counting = True
         self._instrument()
 
+    def _counters(self, name: str) -> _RuleCounters:
+        with self._count_lock:
+            c = self._decisions.get(name)
+            if c is None:
+                if len(self._decisions) >= _metrics.MAX_SERIES:
+                    name = "(other)"  # a runaway number of rule names: one series for the rest
+                    c = self._decisions.get(name)
+                if c is None:
+                    c = self._decisions[name] = (itertools.count(), itertools.count(),
+                                                 itertools.count(), itertools.count())
+            return c
+
     def _record(self, key: str, d: Decision) -> None:
+        # per check once enabled: one dict lookup and one next() on an itertools.count
+        # (a single atomic C call under the GIL: no lock, nothing lost between threads)
         rule = d.rule
         name = (rule.name if rule is not None else None) or "(unnamed)"
-        with self._count_lock:
-            if self._counting:
-                k = (name, "degraded" if d.degraded else
-                     "allowed" if d.allowed else "denied")
-                counts = self._decisions
-                if k in counts:
-                    counts[k] += 1
-                elif len(counts) < _metrics.MAX_SERIES:
-                    counts[k] = 1
-        if not d.allowed and self.top is not None:
+        if self._counting:
+            c = self._decisions.get(name)
+            if c is None:
+                c = self._counters(name)
+            next(c[2] if d.degraded else c[0] if d.allowed else c[1])
+        if self.top is not None and not d.allowed:
             self.top.add(key, name)
 
     def _note_shadow(self, names: Sequence[str]) -> None:
-        """A rule-set check found these shadow rules denying: recount their decisions."""
+        """A rule-set check (none of whose decisions was degraded) found these shadow rules
+        denying: their "denied" decisions are reported as "shadow_denied"."""
         if not self._counting:
             return
-        with self._count_lock:
-            counts = self._decisions
-            for name in names:
-                if counts.get((name, "denied"), 0) > 0:
-                    counts[(name, "denied")] -= 1
-                    k = (name, "shadow_denied")
-                    counts[k] = counts.get(k, 0) + 1
+        for name in names:
+            c = self._decisions.get(name)
+            if c is not None:
+                next(c[3])
 
     def _instrument(self) -> None:
         raise NotImplementedError

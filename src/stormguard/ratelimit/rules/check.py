@@ -129,7 +129,7 @@ def check_plan(limiter: RateLimiter, plan: Plan, cost: int = 1) -> CheckResult:
         d = limiter.hit(key, spec.rule, cost)
         return CheckResult(d.allowed, d, False, [], d.degraded, [spec.name])
     result = run_sync(limiter, check_flow(plan, cost))
-    if result.shadow_denied and limiter._counting:
+    if result.shadow_denied and not result.degraded and limiter._counting:
         limiter._note_shadow(result.shadow_denied)
     return result
 
@@ -157,7 +157,7 @@ async def acheck_plan(limiter: AsyncRateLimiter | RateLimiter, plan: Plan,
             step = flow.send(d)
     except StopIteration as stop:
         result: CheckResult = stop.value
-        if result.shadow_denied and limiter._counting:
+        if result.shadow_denied and not result.degraded and limiter._counting:
             limiter._note_shadow(result.shadow_denied)
         return result
 

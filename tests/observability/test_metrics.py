@@ -13,6 +13,8 @@ import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import CollectorRegistry, generate_latest
@@ -358,3 +360,81 @@ def test_a_component_that_fails_to_answer_hides_only_itself(
     assert ("broken-queue",) not in snap["stormguard_queue_pending"]
     assert "broken-queue" in caplog.text
     del broken, ok
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from([0, 1, 2]),
+                          st.booleans()), max_size=60))
+def test_decision_counts_tally_the_answers(calls: list[tuple[str, int, bool]]) -> None:
+    """Whatever the mix of keys, rules, hit and hit_all: the counts are the tally of the
+    decisions the limiter returned (by the binding rule's name)."""
+    metrics.enable()
+    limiter = RateLimiter("memory://", name="tally")
+    rules = [Rule.parse("2/minute", name="small"), Rule.parse("3/minute", name="mid"),
+             Rule.parse("5/minute", name="big")]
+    tally: dict[tuple[str, str], int] = {}
+    for key, i, several in calls:
+        d = (limiter.hit_all(key, rules[i:]) if several else limiter.hit(key, rules[i]))
+        assert d.rule is not None
+        k = (str(d.rule.name), "allowed" if d.allowed else "denied")
+        tally[k] = tally.get(k, 0) + 1
+    assert limiter.decision_counts() == tally
+
+
+def test_async_limiter_counts_and_keeps_top_keys() -> None:
+    metrics.enable()
+    clock = FakeClock()
+    from stormguard import AsyncRateLimiter, MemoryStore
+
+    limiter = AsyncRateLimiter(MemoryStore(clock=clock), name="async", top_keys=10)
+    rule = Rule.parse("1/minute", name="r")
+    rules = [rule, Rule.parse("10/minute", name="r10")]
+
+    async def run() -> None:
+        for _ in range(3):
+            await limiter.hit("k1", rule)
+        for _ in range(2):
+            await limiter.hit_all("k2", rules)
+
+    clock.run(run())
+    assert limiter.decision_counts() == {("r", "allowed"): 2, ("r", "denied"): 3}
+    assert limiter.top is not None
+    assert [(t.key, t.count) for t in limiter.top.top(5)] == [("k1", 2), ("k2", 1)]
+
+
+@pytest.mark.slow
+def test_redis_store_round_trips_errors_and_breaker_state() -> None:
+    """A real redis-server: round trips counted; SIGKILLed, the limiter's degraded answers
+    show as store errors and the store's breaker as open."""
+    from tests.redis_servers import start_redis
+
+    server = start_redis()
+    try:
+        registry = CollectorRegistry()
+        observability.enable_prometheus(registry)
+        limiter = RateLimiter(server.url, name="redis-limiter", timeout=0.2,
+                              breaker_threshold=2, breaker_cooldown=30)
+        store_name = limiter.store_name
+        assert store_name == f"redis:127.0.0.1:{server.port}"
+        rule = Rule.parse("100/minute", name="api")
+        for _ in range(5):
+            assert not limiter.hit("k", rule).degraded
+        p = prom(registry)
+        assert value(p, "stormguard_store_round_trips_total", name=store_name) >= 5
+        assert value(p, "stormguard_store_breaker_state", name=store_name,
+                     breaker=store_name, state="closed") == 1
+        server.stop()
+        for _ in range(4):
+            assert limiter.hit("k", rule).degraded
+        p = prom(registry)
+        assert value(p, "stormguard_store_errors_total", name=store_name) == 4
+        assert value(p, "stormguard_limiter_decisions_total", name="redis-limiter",
+                     rule="api", result="degraded") == 4
+        assert value(p, "stormguard_store_breaker_state", name=store_name,
+                     breaker=store_name, state="open") == 1
+        t = ("stormguard_breaker_transitions_total", frozenset(
+            {("name", store_name), ("from", "closed"), ("to", "open")}))
+        assert p[t] == 1
+        limiter.close()
+    finally:
+        server.stop()

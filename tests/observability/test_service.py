@@ -84,6 +84,28 @@ async def test_stats_metrics_and_dashboard_files() -> None:
             assert (await c.get(f"/dashboard/assets/{bad}")).status_code == 404
 
 
+async def test_stats_list_breakers_and_queues_of_the_process() -> None:
+    from stormguard import CircuitBreaker
+    from stormguard.observability import metrics
+
+    class Queue:  # a deferred queue's stats() shape: pending, in_flight, dead
+        name = "emails"
+
+        def stats(self) -> dict[str, int]:
+            return {"pending": 4, "in_flight": 1, "dead": 0}
+
+    queue = Queue()
+    metrics.track(queue, "queue")
+    breaker = CircuitBreaker(name="sms-provider")
+    breaker.force_open()
+    app = create_app(rules=RULES)
+    async with client(app) as c:
+        stats = (await c.get("/v1/stats")).json()
+    assert {"name": "emails", "kind": "queue", "depth": 4} in stats["queues"]
+    assert {"name": "sms-provider", "state": "open", "kind": "policy"} in stats["breakers"]
+    del queue, breaker
+
+
 @pytest.mark.slow
 async def test_one_log_line_when_degraded_starts_and_one_when_it_stops(
         caplog: pytest.LogCaptureFixture) -> None:
@@ -109,7 +131,11 @@ async def test_one_log_line_when_degraded_starts_and_one_when_it_stops(
             started = [r for r in caplog.records if getattr(r, "event", "") == "degraded_start"]
             assert len(started) == 1
             assert "on_error=allow" in started[0].getMessage()
-            assert (await c.get("/v1/stats")).json()["degraded_now"] is True
+            stats = (await c.get("/v1/stats")).json()
+            assert stats["degraded_now"] is True
+            store_breakers = [b for b in stats["breakers"] if b["kind"] == "store"]
+            assert store_breakers == [{"name": f"redis:127.0.0.1:{server.port}",
+                                       "state": "open", "kind": "store"}]
             server.restart()
             deadline = time.monotonic() + 10
             while (await check())["degraded"] is True:

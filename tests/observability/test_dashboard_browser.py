@@ -5,6 +5,8 @@ error, its numbers move once checks are sent, and a screenshot is saved (set
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import signal
@@ -22,7 +24,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.redis_servers import free_port
+from tests.redis_servers import free_port, start_redis
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = """\
@@ -42,15 +44,19 @@ DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[str]:
+@contextlib.contextmanager
+def serve(tmp_path: Path, *extra: str, log: Path | None = None) -> Iterator[str]:
+    """A real ``stormguard serve`` process on a free loopback port, stopped by PID
+    (its stderr into ``log`` when given)."""
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES, encoding="utf-8")
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.Popen([sys.executable, "-m", "stormguard", "serve", "--port", str(port),
-                             "--rules", str(rules), "--log-level", "warning"],
-                            env=env, cwd=tmp_path, stderr=subprocess.DEVNULL)
+    with contextlib.ExitStack() as files:
+        err = files.enter_context(log.open("wb")) if log else subprocess.DEVNULL
+        proc = subprocess.Popen([sys.executable, "-m", "stormguard", "serve", "--port",
+                                 str(port), "--rules", str(rules), "--log-level", "warning",
+                                 *extra], env=env, cwd=tmp_path, stderr=err)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 20
@@ -67,6 +73,12 @@ def service(tmp_path: Path) -> Iterator[str]:
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         proc.wait(timeout=20)
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[str]:
+    with serve(tmp_path) as url:
+        yield url
 
 
 @pytest.fixture
@@ -133,3 +145,36 @@ def test_dashboard_is_live_in_a_real_browser(service: str, browser: webdriver.Ch
         shutil.copyfile(shot, keep)
     errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
     assert not errors, errors
+
+
+def test_dashboard_shows_a_store_outage(tmp_path: Path, browser: webdriver.Chrome) -> None:
+    """``serve`` over a real Redis, SIGKILLed while the page is open: the page says the
+    store fails, counts the degraded decisions and shows the store's breaker open; the
+    service's JSON log has one line for the start of it."""
+    server = start_redis()
+    log = tmp_path / "serve.log"
+    try:
+        with serve(tmp_path, "--store", server.url, "--log-format", "json", log=log) as url:
+            browser.get(f"{url}/dashboard")
+            wait = WebDriverWait(browser, 15, poll_frequency=0.1)  # real time: 1 poll/s
+            wait.until(lambda d: "store answering" in d.find_element(By.ID, "health").text)
+            assert "closed" in browser.find_element(By.ID, "breakers").text
+            server.stop()
+            with httpx.Client(base_url=url, timeout=5) as c:
+                for _ in range(10):
+                    r = c.post("/v1/check", json={"key": "user:1", "rule": "login"})
+                    assert r.status_code == 200  # never a 500
+                    assert r.json()["degraded"] is True
+            wait.until(lambda d: "DEGRADED" in d.find_element(By.ID, "health").text)
+            wait.until(lambda d: number(d, "degraded") == 10)
+            wait.until(lambda d: "open" in d.find_element(By.ID, "breakers").text)
+            errors = [e for e in browser.get_log("browser")
+                      if e["level"] in ("SEVERE", "ERROR")]
+            assert not errors, errors
+    finally:
+        server.stop()
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    started = [r for r in records if r.get("event") == "degraded_start"]
+    assert len(started) == 1, records
+    assert started[0]["level"] == "warning"
+    assert started[0]["logger"] == "stormguard.service"

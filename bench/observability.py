@@ -78,8 +78,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
-    n = 20_000 if args.quick else 200_000
-    repeats = 3 if args.quick else 7
+    n = 5_000 if args.quick else 200_000
+    repeats = 2 if args.quick else 7
     print(f"python {platform.python_version()}, hot path: {_speedups.STATUS}; "
           f"{n:,} checks per loop, best of {repeats}")
     keys = [f"user:{i}" for i in range(10_000)]
@@ -114,7 +114,7 @@ def main() -> None:
         base = row["plain"]
         print(f"{path:<10}" + "".join(f"{v:>13.3f} ({v / base:4.2f}x)" for v in row.values()))
 
-    total = 200_000 if args.quick else 1_000_000
+    total = 50_000 if args.quick else 1_000_000
     stream = [f"user:{i}" if i % 50 else f"bot:{i % 7}" for i in range(total)]
     print(f"\nper update, {total:,} denied keys, µs (ratio to dict)")
     sketch = SpaceSaving(1000)
@@ -144,7 +144,7 @@ def main() -> None:
     found = {t.key for t in sketch.top(7)} == {f"bot:{i}" for i in range(7)}
     print(f"  SpaceSaving's top 7 are the 7 heavy keys: {found}")
 
-    live = [CircuitBreaker(name=f"b{i}") for i in range(1000)]
+    live = [CircuitBreaker(name=f"b{i}") for i in range(100 if args.quick else 1000)]
     reg = CollectorRegistry()
     observability.enable_prometheus(reg)
     t_scrape = best(lambda: generate_latest(reg) and None, 1, 5) / 1000

@@ -203,7 +203,7 @@ def _listener(event: Event) -> None:
             break
     if fn is None:
         return
-    samples = list(fn(event))
+    samples = [(m, tuple(map(str, labels)), amount) for m, labels, amount in fn(event)]
     with _lock:
         for metric, labels, amount in samples:
             series = _counters.setdefault(metric, {})
@@ -216,7 +216,6 @@ def _listener(event: Event) -> None:
 # -- tracked components -> gauges (and counters they keep themselves) -----------------
 _tracked: dict[str, weakref.WeakSet[Any]] = {}
 _tracked_lock = threading.Lock()
-_on_enable: list[Callable[[Any], None]] = []
 
 
 def track(obj: Any, kind: str) -> None:

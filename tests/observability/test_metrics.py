@@ -438,3 +438,32 @@ def test_redis_store_round_trips_errors_and_breaker_state() -> None:
         limiter.close()
     finally:
         server.stop()
+
+
+def test_the_service_client_reports_its_breaker() -> None:
+    """``ServiceStore`` to a port nothing listens on (a real refused connection): its
+    breaker opens and reports, state and transition, under ``service:host:port``."""
+    from stormguard import StorageError
+    from stormguard.client import ServiceStore
+    from tests.redis_servers import free_port
+
+    registry = CollectorRegistry()
+    observability.enable_prometheus(registry)
+    port = free_port()
+    store = ServiceStore(f"http://127.0.0.1:{port}", timeout=0.5, breaker_threshold=2,
+                         breaker_cooldown=30)
+    limiter = RateLimiter(store, name="via-service")
+    rule = Rule.parse("10/minute", name="api")
+    for _ in range(3):
+        assert limiter.hit("k", rule).degraded
+    name = f"service:127.0.0.1:{port}"
+    p = prom(registry)
+    assert value(p, "stormguard_store_breaker_state", name=name, breaker=name,
+                 state="open") == 1
+    assert value(p, "stormguard_store_errors_total", name=name) == 3
+    assert p[("stormguard_breaker_transitions_total",
+              frozenset({("name", name), ("from", "closed"), ("to", "open")}))] == 1
+    assert ("stormguard_store_round_trips_total", frozenset({("name", name)})) not in p
+    with pytest.raises(StorageError):
+        store.hit("k", rule)
+    store.close()

@@ -291,7 +291,9 @@ def _read_limiter(lim: Any) -> Iterator[Sample]:
 
 
 def _read_store(store: Any) -> Iterator[Sample]:
-    yield "stormguard_store_round_trips", (store.name,), store.round_trips
+    trips = getattr(store, "round_trips", None)  # a network store's; the service client has none
+    if isinstance(trips, int):
+        yield "stormguard_store_round_trips", (store.name,), trips
     for b in store.breaker_machines():
         for labels, v in _states((store.name, b.name), b.state):
             yield "stormguard_store_breaker_state", labels, v

@@ -241,7 +241,8 @@ def test_counts_are_exact_under_threads() -> None:
 
 def test_components_created_before_and_after_enabling_report() -> None:
     """A fresh interpreter: a breaker and a limiter built before the exporters are
-    enabled, another pair after; all four report, to both exporters."""
+    enabled (on their defaults: prometheus-client's registry, the global meter provider),
+    another pair after; all four report, to both exporters."""
     script = textwrap.dedent("""
         import json
         from opentelemetry.sdk.metrics import MeterProvider
@@ -250,9 +251,11 @@ def test_components_created_before_and_after_enabling_report() -> None:
         from stormguard import CircuitBreaker, RateLimiter, Rule, observability
         rule = Rule.parse("1/minute", name="r")
         early_b, early_l = CircuitBreaker(name="early"), RateLimiter(name="early")
-        observability.enable_prometheus()
+        from opentelemetry import metrics as otel
+        observability.enable_prometheus()  # prometheus-client's default registry
         reader = InMemoryMetricReader()
-        observability.enable_opentelemetry(MeterProvider(metric_readers=[reader]))
+        otel.set_meter_provider(MeterProvider(metric_readers=[reader]))
+        observability.enable_opentelemetry()  # the global meter provider
         late_b, late_l = CircuitBreaker(name="late"), RateLimiter(name="late")
         for b in (early_b, late_b):
             b.force_open()

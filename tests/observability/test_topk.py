@@ -101,6 +101,28 @@ def test_threads_lose_nothing() -> None:
     assert sorted(t.count for t in s.top(5)) == [8000] * 5
 
 
+def test_threads_evicting_keep_the_invariants() -> None:
+    """8 threads, 500 keys through a sketch of 50 (evictions all along): it holds 50 keys
+    whose counts add up to every update made."""
+    s = SpaceSaving(50)
+    start = threading.Barrier(8)
+
+    def work(t: int) -> None:
+        start.wait()
+        for i in range(3000):
+            s.add(f"k{(i * 7 + t) % 500}", "r")
+
+    ts = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    held = s.top(50)
+    assert len(held) == 50
+    assert sum(t.count for t in held) == s.total == 24_000
+    assert all(0 <= t.error < t.count for t in held)
+
+
 def test_limiter_keeps_the_most_denied_keys() -> None:
     limiter = RateLimiter("memory://", top_keys=3)
     rule = Rule.parse("1/minute", name="login")

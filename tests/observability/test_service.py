@@ -55,6 +55,14 @@ async def test_top_reports_the_most_denied_keys_with_their_rules() -> None:
             assert r.json()["field"] == "n"
 
 
+def test_top_keys_is_validated_by_name() -> None:
+    from stormguard import ConfigError
+
+    for bad in (0, -1, 2.5, "10", 10**7):
+        with pytest.raises(ConfigError, match="top_keys"):
+            create_app(rules=RULES, top_keys=bad)  # type: ignore[arg-type]
+
+
 async def test_stats_metrics_and_dashboard_files() -> None:
     app = create_app(rules=RULES)
     async with client(app) as c:

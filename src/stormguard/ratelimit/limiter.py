@@ -69,7 +69,8 @@ class _Base:
         self.name = validate.text("name", name)
         """The limiter's name in metrics (``stormguard_limiter_decisions{name=...}``)."""
         self.top: SpaceSaving | None = (
-            None if top_keys is None else SpaceSaving(validate.integer("top_keys", top_keys)))
+            None if top_keys is None
+            else SpaceSaving(validate.integer("top_keys", top_keys, maximum=1_000_000)))
         """With ``top_keys=K``: the K most-denied keys (a bounded space-saving sketch)."""
         # rule name -> counters of (allowed, denied, degraded, of the denied: shadow)
         self._decisions: dict[str, _RuleCounters] = {}

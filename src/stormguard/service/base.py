@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
 
+from stormguard._core import validate
 from stormguard.observability.topk import SpaceSaving
 from stormguard.ratelimit.limiter import AsyncRateLimiter, RateLimiter
 from stormguard.ratelimit.rules import CheckResult, Plan
@@ -32,7 +33,7 @@ class ServiceBase:
         self.admin_token = admin_token.encode("utf-8", "surrogateescape") if admin_token \
             else None
         self.metrics = metrics
-        self.top = SpaceSaving(top_keys)
+        self.top = SpaceSaving(validate.integer("top_keys", top_keys, maximum=1_000_000))
         """The most-denied keys (``GET /v1/top``): a bounded space-saving sketch."""
         self._started = False
         self._degraded_since: float | None = None

@@ -470,3 +470,17 @@ def test_the_service_client_reports_its_breaker() -> None:
     with pytest.raises(StorageError):
         store.hit("k", rule)
     store.close()
+
+
+def test_each_opentelemetry_collection_reads_current_values() -> None:
+    reader = InMemoryMetricReader()
+    observability.enable_opentelemetry(MeterProvider(metric_readers=[reader]))
+    limiter = RateLimiter("memory://", name="fresh")
+    rule = Rule.parse("1/minute", name="r")
+    seen = []
+    for _ in range(3):  # collections back to back: each sees the hit made just before
+        limiter.hit("k", rule)
+        o = otel(reader)
+        seen.append(o.get(("stormguard_limiter_decisions", frozenset(
+            {("name", "fresh"), ("rule", "r"), ("result", "denied")})), 0.0))
+    assert seen == [0.0, 1.0, 2.0]

@@ -17,7 +17,10 @@ from stormguard.observability import metrics
 
 __all__ = ["enable_opentelemetry"]
 
-_MAX_AGE = 0.5  # one collection reads the snapshot once, not once per instrument
+_MAX_AGE = 5.0
+"""One collection reads the snapshot once, not once per instrument: the first instrument's
+callback (the SDK calls them in the order they were created) takes a fresh one, the
+others reuse it unless it is older than this (another order, a stalled collection)."""
 _enabled_for: dict[int, Any] = {}
 _lock = threading.Lock()
 
@@ -28,10 +31,10 @@ class _Snapshot:
         self._snap: dict[str, dict[tuple[str, ...], float]] = {}
         self._lock = threading.Lock()
 
-    def get(self) -> dict[str, dict[tuple[str, ...], float]]:
+    def get(self, fresh: bool = False) -> dict[str, dict[tuple[str, ...], float]]:
         with self._lock:
             now = time.monotonic()
-            if now - self._at > _MAX_AGE:
+            if fresh or now - self._at > _MAX_AGE:
                 self._snap, self._at = metrics.snapshot(), now
             return self._snap
 
@@ -57,10 +60,11 @@ def enable_opentelemetry(meter_provider: Any = None) -> Any:
         metrics.enable()
         meter = provider.get_meter("stormguard")
         snap = _Snapshot()
-        for name, spec in metrics.SCHEMA.items():
+        for i, (name, spec) in enumerate(metrics.SCHEMA.items()):
             def callback(options: CallbackOptions, name: str = name,
-                         labels: tuple[str, ...] = spec.labels) -> Iterable[Observation]:
-                series = snap.get().get(name, {})
+                         labels: tuple[str, ...] = spec.labels,
+                         first: bool = i == 0) -> Iterable[Observation]:
+                series = snap.get(fresh=first).get(name, {})
                 return [Observation(v, dict(zip(labels, k, strict=True)))
                         for k, v in sorted(series.items())]
 

@@ -55,6 +55,26 @@ async def test_top_reports_the_most_denied_keys_with_their_rules() -> None:
             assert r.json()["field"] == "n"
 
 
+async def test_top_stats_and_metrics_agree_on_a_batch() -> None:
+    """1,000 checks of 50 users in one batch (limit 2 each): the top keys, the dashboard's
+    figures and the schema's counters all count the same 900 denials."""
+    app = create_app(rules=RULES[:1], top_keys=100)
+    checks = [{"key": f"user:{i % 50}", "rule": "login"} for i in range(1000)]
+    async with client(app) as c:
+        r = await c.post("/v1/check/batch", json={"checks": checks})
+        assert sum(not x["allowed"] for x in r.json()["results"]) == 900
+        top = (await c.get("/v1/top", params={"n": 100})).json()
+        stats = (await c.get("/v1/stats")).json()
+        text = (await c.get("/metrics")).text
+    assert top["denials"] == 900
+    assert top["held"] == 50
+    assert sum(k["count"] for k in top["keys"]) == 900
+    assert {k["count"] for k in top["keys"]} == {18}
+    assert stats["rules"]["login"] == {"allowed": 100, "denied": 900, "shadow_denied": 0}
+    assert 'stormguard_limiter_decisions_total{name="limiter",result="denied",' \
+           'rule="login"} 900.0' in text
+
+
 def test_top_keys_is_validated_by_name() -> None:
     from stormguard import ConfigError
 

@@ -122,16 +122,24 @@ async def test_stats_list_breakers_and_queues_of_the_process() -> None:
         def stats(self) -> dict[str, int]:
             return {"pending": 4, "in_flight": 1, "dead": 0}
 
-    queue = Queue()
+    class DownQueue:  # its store is down: stats() raises
+        name = "sms-outbox"
+
+        def stats(self) -> dict[str, int]:
+            raise OSError("queue store down")
+
+    queue, down = Queue(), DownQueue()
     metrics.track(queue, "queue")
+    metrics.track(down, "queue")
     breaker = CircuitBreaker(name="sms-provider")
     breaker.force_open()
     app = create_app(rules=RULES)
     async with client(app) as c:
         stats = (await c.get("/v1/stats")).json()
     assert {"name": "emails", "kind": "queue", "depth": 4} in stats["queues"]
+    assert {"name": "sms-outbox", "kind": "queue", "depth": None} in stats["queues"]
     assert {"name": "sms-provider", "state": "open", "kind": "policy"} in stats["breakers"]
-    del queue, breaker
+    del queue, down, breaker
 
 
 @pytest.mark.slow

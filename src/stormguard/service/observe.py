@@ -65,8 +65,11 @@ class ObserveEndpoints(ServiceBase):
         queues = []
         for kind in _QUEUE_KINDS:
             for q in _metrics.tracked(kind):
-                stats = q.stats() if hasattr(q, "stats") else {}
-                depth = next((stats[k] for k in ("pending", "queued", "depth", "queue_depth")
+                try:  # a queue on a store that is down: no depth, never a 500
+                    stats = q.stats() if hasattr(q, "stats") else {}
+                except Exception:
+                    stats = {}
+                depth = next((stats[k] for k in ("pending", "waiting", "depth")
                               if isinstance(stats.get(k), int | float)), None)
                 queues.append({"name": str(getattr(q, "name", kind)), "kind": kind,
                                "depth": depth})

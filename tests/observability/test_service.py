@@ -221,4 +221,7 @@ def test_serve_log_format_json_writes_one_json_object_per_line() -> None:
     loggers = {r["logger"] for r in records}
     assert "stormguard.service" in loggers
     assert "uvicorn.error" in loggers
+    assert not any("color_message" in r for r in records)
+    (access,) = [r for r in records if r["logger"] == "uvicorn.access"]
+    assert (access["method"], access["path"], access["status"]) == ("POST", "/v1/check", 200)
     assert proc.returncode == 0

@@ -5,6 +5,8 @@ components created before and after the exporters were enabled."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import json
 import subprocess
 import sys
@@ -484,3 +486,45 @@ def test_each_opentelemetry_collection_reads_current_values() -> None:
         seen.append(o.get(("stormguard_limiter_decisions", frozenset(
             {("name", "fresh"), ("rule", "r"), ("result", "denied")})), 0.0))
     assert seen == [0.0, 1.0, 2.0]
+
+
+_REGISTRY = CollectorRegistry()
+_READER = InMemoryMetricReader()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.sampled_from(["ok", "fail", "hit", "hit_other", "force", "reset"]),
+                max_size=40))
+def test_both_exporters_always_report_the_same_series(ops: list[str]) -> None:
+    """Whatever happened, Prometheus and OpenTelemetry hold the same series with the same
+    values (OpenTelemetry's counter names without ``_total``)."""
+    gc.collect()  # the breakers of earlier examples (a reference cycle) go now, not between
+    observability.enable_prometheus(_REGISTRY)
+    if not _PROVIDERS:
+        _PROVIDERS.append(MeterProvider(metric_readers=[_READER]))
+    observability.enable_opentelemetry(_PROVIDERS[0])
+    clock = FakeClock()
+    breaker = CircuitBreaker(window=4, min_calls=2, open_for=5, name="prop-breaker",
+                             clock=clock)
+    limiter = RateLimiter("memory://", name="prop-limiter")
+    rules = [Rule.parse("3/minute", name="a"), Rule.parse("1/minute", name="b")]
+    for op in ops:
+        if op in ("ok", "fail"):
+            with contextlib.suppress(OSError, CircuitOpen):
+                breaker.call(fail if op == "fail" else (lambda: None))
+        elif op == "hit":
+            limiter.hit("k", rules[0])
+        elif op == "hit_other":
+            limiter.hit_all("k", rules)
+        elif op == "force":
+            breaker.force_open()
+        else:
+            breaker.reset()
+        clock.advance(1)
+    p = {(n[:-6] if n.endswith("_total") else n, labels): v
+         for (n, labels), v in prom(_REGISTRY).items()}
+    assert p == otel(_READER)
+    del breaker, limiter
+
+
+_PROVIDERS: list[MeterProvider] = []

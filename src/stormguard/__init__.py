@@ -17,16 +17,21 @@ from stormguard._core.errors import (
     DeadlineExceeded,
     RateLimited,
     RetryBudgetExhausted,
+    Shed,
     StorageError,
     StormguardError,
+    Throttled,
     TransientError,
 )
+from stormguard.overload import AdaptiveLimit
 from stormguard.ratelimit.decision import Decision
 from stormguard.ratelimit.limiter import AsyncRateLimiter, RateLimiter
 from stormguard.ratelimit.rule import Rule
 from stormguard.resilience import (
+    AdaptiveThrottle,
     Bulkhead,
     CircuitBreaker,
+    ConcurrencyLimit,
     Fallback,
     Retry,
     RetryBudget,
@@ -39,12 +44,15 @@ if TYPE_CHECKING:
     from stormguard.stores.redis import RedisClusterStore, RedisStore
 
 __all__ = [
+    "AdaptiveLimit",
+    "AdaptiveThrottle",
     "AsyncRateLimiter",
     "Bulkhead",
     "BulkheadFull",
     "CircuitBreaker",
     "CircuitOpen",
     "Clock",
+    "ConcurrencyLimit",
     "ConfigError",
     "DeadlineExceeded",
     "Decision",
@@ -59,10 +67,12 @@ __all__ = [
     "RetryBudget",
     "RetryBudgetExhausted",
     "Rule",
+    "Shed",
     "StorageError",
     "Store",
     "StormguardError",
     "SystemClock",
+    "Throttled",
     "Timeout",
     "TransientError",
     "observability",

@@ -34,12 +34,20 @@ requests are neither checked nor given rate-limit headers.
 **X-RateLimit-Reset** is in seconds from now (the default) or, with
 ``reset_header="epoch"``, an epoch timestamp in whole seconds, rounded up (as
 Flask-Limiter and slowapi send it). ``RateLimit``'s ``t`` and ``Retry-After`` stay seconds.
+
+**Load shedding.** :class:`LoadSheddingMiddleware` (ASGI) and
+:class:`WSGILoadSheddingMiddleware` (thread-pool WSGI servers) protect the whole process
+from overload: requests are tiered ("critical", "degraded", "sheddable") by path
+patterns, a callable or a trusted proxy's header, and past an adaptive concurrency limit
+the least important are answered ``503`` at once (docs/overload.md).
 """
 
 from __future__ import annotations
 
 from stormguard.integrations.asgi import RateLimitMiddleware, Scope
 from stormguard.integrations.clientip import ClientIP
+from stormguard.integrations.shedding import LoadSheddingMiddleware, WSGILoadSheddingMiddleware
 from stormguard.integrations.wsgi import WSGIRateLimitMiddleware
 
-__all__ = ["ClientIP", "RateLimitMiddleware", "Scope", "WSGIRateLimitMiddleware"]
+__all__ = ["ClientIP", "LoadSheddingMiddleware", "RateLimitMiddleware", "Scope",
+           "WSGILoadSheddingMiddleware", "WSGIRateLimitMiddleware"]

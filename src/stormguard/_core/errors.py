@@ -10,7 +10,9 @@
     ├── CircuitOpen                        a circuit breaker rejected the call
     ├── BulkheadFull                       a bulkhead had no free slot in time
     ├── DeadlineExceeded (also TimeoutError) a timeout or overall deadline passed
-    └── RetryBudgetExhausted               the shared retry budget is spent
+    ├── RetryBudgetExhausted               the shared retry budget is spent
+    ├── Shed                               overload: a concurrency limit refused the call
+    └── Throttled                          client-side throttling refused the call locally
 
     TransientError                         raise (or subclass) it to say "retrying may help"
 """
@@ -26,9 +28,11 @@ __all__ = [
     "DeadlineExceeded",
     "RateLimited",
     "RetryBudgetExhausted",
+    "Shed",
     "StorageCircuitOpen",
     "StorageError",
     "StormguardError",
+    "Throttled",
     "TransientError",
 ]
 
@@ -104,6 +108,35 @@ class DeadlineExceeded(StormguardError, TimeoutError):
 
 class RetryBudgetExhausted(StormguardError):
     """The shared retry budget is spent; ``__cause__`` is the original error."""
+
+
+class Shed(StormguardError):
+    """Overload: a concurrency limit had no slot for the call within its wait (or the
+    queue stood too long). ``tier`` is the request's priority tier ("critical",
+    "degraded", "sheddable"), ``retry_after`` the seconds a client should wait, ``reason``
+    "capacity" (no wait allowed), "queue_timeout" or "codel" (a standing queue)."""
+
+    def __init__(self, message: str = "overloaded: request shed", *, tier: str = "critical",
+                 reason: str = "capacity", retry_after: float | None = None,
+                 name: str | None = None) -> None:
+        self.tier = tier
+        self.reason = reason
+        self.retry_after = retry_after
+        self.name = name
+        super().__init__(message)
+
+
+class Throttled(StormguardError):
+    """Client-side throttling (:class:`stormguard.AdaptiveThrottle`) rejected the call
+    locally, without sending it: the dependency has been rejecting most calls.
+    ``probability`` was the rejection probability at that moment."""
+
+    def __init__(self, message: str = "throttled locally", *, probability: float = 0.0,
+                 retry_after: float | None = None, name: str | None = None) -> None:
+        self.probability = probability
+        self.retry_after = retry_after
+        self.name = name
+        super().__init__(message)
 
 
 class TransientError(Exception):

@@ -21,10 +21,13 @@ __all__ = [
     "BudgetExhausted",
     "BulkheadRejected",
     "CallRejected",
+    "CallThrottled",
     "Event",
     "FallbackUsed",
+    "LimitChanged",
     "Listener",
     "LoggingListener",
+    "RequestShed",
     "RetryGaveUp",
     "RetryScheduled",
     "StateChanged",
@@ -109,6 +112,39 @@ class FallbackUsed(Event):
     cause: object
 
 
+@dataclass(frozen=True, slots=True)
+class RequestShed(Event):
+    """Overload protection refused a request or call of ``tier`` ("critical", "degraded",
+    "sheddable"); ``reason``: "capacity" (its tier's slots were taken and it could not
+    wait), "queue_timeout" (no slot within the wait) or "codel" (a standing queue: shed
+    on arrival). ``in_flight`` and ``limit`` are the concurrency then."""
+
+    tier: str
+    reason: str
+    in_flight: int
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class LimitChanged(Event):
+    """An adaptive concurrency limit moved from ``old`` to ``new``; ``ratio`` was the
+    measured latency over its no-load minimum that moved it."""
+
+    old: int
+    new: int
+    ratio: float
+
+
+@dataclass(frozen=True, slots=True)
+class CallThrottled(Event):
+    """Client-side throttling rejected a call locally, with ``probability``;
+    ``requests`` and ``accepts`` are the counts over its window."""
+
+    probability: float
+    requests: int
+    accepts: int
+
+
 Listener = Callable[[Event], None]
 
 _global: list[Listener] = []
@@ -142,12 +178,13 @@ class LoggingListener:
     """Log every event on ``logger`` (default ``"stormguard"``).
 
     State changes, rejections, exhausted budgets and timeouts log at WARNING;
-    scheduled retries and fallbacks at INFO.
+    scheduled retries, fallbacks and the overload events (one per shed request or
+    throttled call, many under overload; limit changes) at INFO.
     """
 
     __slots__ = ("logger",)
 
-    _INFO = (RetryScheduled, FallbackUsed)
+    _INFO = (RetryScheduled, FallbackUsed, LimitChanged, RequestShed, CallThrottled)
 
     def __init__(self, logger: logging.Logger | None = None) -> None:
         self.logger = logger if logger is not None else _log

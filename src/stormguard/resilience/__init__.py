@@ -7,13 +7,17 @@ from stormguard.resilience._base import Policy
 from stormguard.resilience.breaker import CircuitBreaker
 from stormguard.resilience.budget import RetryBudget
 from stormguard.resilience.bulkhead import Bulkhead
+from stormguard.resilience.concurrency import ConcurrencyLimit
 from stormguard.resilience.fallback import Fallback
 from stormguard.resilience.retry import Retry, is_transient
+from stormguard.resilience.throttle import AdaptiveThrottle
 from stormguard.resilience.timeout import Timeout
 
 __all__ = [
+    "AdaptiveThrottle",
     "Bulkhead",
     "CircuitBreaker",
+    "ConcurrencyLimit",
     "Fallback",
     "LoggingListener",
     "Policy",

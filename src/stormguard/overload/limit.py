@@ -1,0 +1,247 @@
+"""Concurrency limits: a fixed one, and :class:`AdaptiveLimit`, which follows latency.
+
+:class:`AdaptiveLimit` is pure: it never reads a clock, sleeps or locks. Its owner (a
+:class:`~stormguard.overload.Shedder`) feeds it one sample per finished request,
+``sample(rtt, now, in_flight, key)``, under the owner's lock, and reads ``limit``.
+
+The rule, per window of samples (at least ``min_samples``, and ``window`` seconds unless
+the latency is far past the tolerance: then the window closes at once):
+
+* every sample is compared with the **no-load minimum** of its ``key`` (a route: a
+  20 ms checkout is not a slow 5 ms cart): ``ratio = rtt / baseline[key]``, and the
+  window's ``ratio`` is their median (one GC pause is not a queue);
+* ``ratio > tolerance`` (2.0: queueing shows): the limit shrinks multiplicatively,
+  ``limit x max(0.5, tolerance / ratio)``, unless the requests that ran alone in that
+  window (at least 2) were as slow (their median ratio above the tolerance too): then
+  the slowness is not a queue of ours (a busy machine, a slow disk) and a lower limit
+  would only shed requests, so it holds;
+* ``ratio`` near 1 (at most ``1 + (tolerance - 1) / 2``) and the limit was in use (the
+  most in flight reached half of it): the limit grows, by 1 below 10 and by
+  ``sqrt(limit)`` above;
+* otherwise it holds.
+
+The baseline is the smallest latency seen for the key; a window in which every request
+ran alone (``in_flight <= 1``) is a no-load measurement by definition and moves it 10 %
+toward that window's fastest request, upward too, so a service that really became
+slower is re-learnt (within a few dozen windows at the floor) without a probe (Envoy's
+periodic minRTT probe, which drops concurrency to measure, is what causes its bursts of
+503s). Because the baseline is a *minimum*, never an average of loaded samples,
+sustained queueing keeps the ratio high: the limit cannot creep upward under moderate
+overload, which is the known flaw of Gradient2, whose long-term average follows the
+loaded latency until the gradient reads 1 and its queue allowance adds ``sqrt(limit)``
+every window (``tests/overload/test_limit.py`` runs both through that scenario).
+
+A limit that starts under overload learns a loaded baseline: no request it sees ran at
+no load. So unless the baselines were measured with one request in flight, the fifth
+window is a **probe**: the limit is lowered, for one window in which it does not grow, to
+a fifth below the concurrency at which the baseline was measured (and below the last
+probe), never below a quarter of itself. If latency falls with it (some route's baseline
+drops by 5 % or more), the baseline was a loaded one: probes go on every 10 windows until
+one finds nothing, and then stop for good. A probe costs at most 3/4 of the slots for
+one window (about 100 ms), and never goes to the floor (``min``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from stormguard._core import validate
+from stormguard._core.errors import ConfigError
+
+__all__ = ["AdaptiveLimit", "FixedLimit", "Limit", "coerce_limit"]
+
+#: distinct baseline keys kept; later keys share the "" baseline
+MAX_KEYS = 256
+_RATIO_CAP = 10.0
+#: the most one window may take off the limit (x 0.5)
+SHRINK_FLOOR = 0.5
+#: probe windows: the limit x 0.8, at window 5, then every 10 while a probe finds a lower
+#: baseline (the one learnt was measured under load); stopped by the first that does not
+PROBE = 0.8
+FIRST_PROBE = 5
+PROBE_EVERY = 10
+
+
+class FixedLimit:
+    """A concurrency limit that never moves (``limit=20`` in the middleware)."""
+
+    __slots__ = ("limit",)
+
+    adaptive = False
+
+    def __init__(self, limit: int) -> None:
+        self.limit = validate.integer("limit", limit)
+
+    def sample(self, rtt: float, now: float, in_flight: int, key: str = "") -> float | None:
+        return None
+
+    def stats(self) -> dict[str, Any]:
+        return {"limit": self.limit, "adaptive": False}
+
+    def __repr__(self) -> str:
+        return f"FixedLimit({self.limit})"
+
+
+class AdaptiveLimit:
+    """A concurrency limit that follows measured latency, within ``[min, max]``."""
+
+    __slots__ = ("_alone", "_alone_ratios", "_base_in_flight", "_baseline", "_limit", "_lowered",
+                 "_max_in_flight", "_n", "_probe_at", "_probe_limit", "_probing", "_ratios",
+                 "_since", "_sum", "_windows", "initial", "max", "min", "min_samples", "owner",
+                 "tolerance", "window")
+
+    adaptive = True
+
+    def __init__(self, initial: int = 20, min: int = 1, max: int = 1000, *,
+                 tolerance: float = 2.0, window: float = 0.1, min_samples: int = 10) -> None:
+        self.min = validate.integer("min", min)
+        self.max = validate.integer("max", max)
+        if self.max < self.min:
+            raise ConfigError("max", max, f"must be >= min ({min})")
+        self.initial = validate.integer("initial", initial)
+        if not self.min <= initial <= self.max:
+            raise ConfigError("initial", initial, f"must be within [min, max] = [{min}, {max}]")
+        self.tolerance = validate.number("tolerance", tolerance, minimum=1.0)
+        self.window = validate.number("window", window, allow_zero=True)
+        self.min_samples = validate.integer("min_samples", min_samples)
+        self.owner: object = None
+        """The shedder this limit belongs to (one limit, one owner: it is not locked)."""
+        self._limit = float(initial)
+        self._baseline: dict[str, float] = {}
+        self._alone: dict[str, float] = {}  # per key, this window's fastest request alone
+        self._alone_ratios: list[float] = []  # this window's ratios of requests alone
+        self._since: float | None = None
+        self._n = 0
+        self._sum = 0.0
+        self._ratios: list[float] = []
+        self._max_in_flight = 0
+        self._windows = 0
+        self._probe_at: int | None = FIRST_PROBE
+        self._probing = False
+        self._lowered = False
+        self._probe_limit = math.inf  # each probe goes a fifth below the last one
+        self._base_in_flight = 0  # in flight when the latest baseline was measured
+
+    @property
+    def limit(self) -> int:
+        """The current limit, an integer within ``[min, max]``."""
+        if self._probing:  # never to the floor: that is what makes Envoy's probes hurt
+            return min(int(self._limit),
+                       max(self.min + 1, int(min(self._limit, self._probe_limit))))
+        return int(self._limit)
+
+    @property
+    def probing(self) -> bool:
+        """True during a probe window (the limit is lowered by a fifth)."""
+        return self._probing
+
+    def baseline(self, key: str = "") -> float | None:
+        """The no-load latency learnt for ``key`` (None before its first sample)."""
+        return self._baseline.get(key)
+
+    def sample(self, rtt: float, now: float, in_flight: int, key: str = "") -> float | None:
+        """One finished request took ``rtt`` seconds, ``in_flight`` requests (itself
+        included) were in flight when it started. Answers the window's mean ratio when
+        this sample closed a window (the limit may have moved), else None."""
+        if not rtt > 0 or not math.isfinite(rtt):
+            return None  # a zero or broken measurement says nothing about queueing
+        base = self._baseline
+        b = base.get(key)
+        if b is None:
+            if len(base) >= MAX_KEYS:
+                key = ""
+                b = base.get(key)
+            if b is None:
+                base[key] = b = rtt
+                self._base_in_flight = max(self._base_in_flight, in_flight)
+        if rtt < b:
+            if rtt < 0.95 * b:
+                self._lowered = True
+            base[key] = b = rtt
+            self._base_in_flight = in_flight
+        if in_flight <= 1:  # ran alone: a no-load measurement
+            self._alone_ratios.append(rtt / b)
+            alone = self._alone
+            seen = alone.get(key)
+            if seen is None or rtt < seen:
+                alone[key] = rtt
+        ratio = rtt / b
+        self._ratios.append(ratio)
+        self._sum += ratio if ratio < _RATIO_CAP else _RATIO_CAP
+        self._n += 1
+        self._max_in_flight = max(self._max_in_flight, in_flight)
+        since = self._since
+        if since is None:
+            self._since = now
+            return None
+        if self._n < self.min_samples:
+            return None
+        if now - since < self.window and self._sum < 2 * self.tolerance * self._n:
+            return None  # (a window far past the tolerance closes early: react at once)
+        return self._update(now)
+
+    def _update(self, now: float) -> float:
+        ratios = sorted(self._ratios)
+        mean = ratios[len(ratios) // 2]  # the median: one GC pause is not a queue
+        self._ratios.clear()
+        if self._max_in_flight <= 1:  # a whole window of requests alone: follow them, 10 %
+            base = self._baseline
+            for key, rtt in self._alone.items():
+                b = base[key]
+                if rtt > b:
+                    base[key] = b + 0.1 * (rtt - b)
+        self._alone.clear()
+        limit = self._limit
+        tol = self.tolerance
+        lone = sorted(self._alone_ratios)
+        self._alone_ratios.clear()
+        if mean > tol and len(lone) >= 2 and lone[len(lone) // 2] > tol:
+            pass  # requests that ran alone were slow too: not a queue a lower limit shortens
+        elif mean > tol:
+            limit *= max(SHRINK_FLOOR, tol / mean)
+        elif mean <= 1.0 + (tol - 1.0) / 2 and 2 * self._max_in_flight >= limit \
+                and not self._probing:
+            limit += 1.0 if limit < 10 else math.sqrt(limit)
+        self._limit = min(float(self.max), max(float(self.min), limit))
+        self._since = now
+        self._n = 0
+        self._sum = 0.0
+        self._max_in_flight = 0
+        self._windows += 1
+        if self._probing:  # found a lower baseline: it was a loaded one, look again later
+            self._probing = False
+            self._probe_at = self._windows + PROBE_EVERY if self._lowered else None
+        elif self._probe_at is not None and self._windows >= self._probe_at:
+            if self._base_in_flight <= 1:  # the baselines were measured alone: no need
+                self._probe_at = None
+            else:  # below the last probe and where the baseline was measured, not below 1/4
+                self._probing = True
+                self._probe_limit = max(0.25 * self._limit, PROBE * min(
+                    self._limit, self._probe_limit, float(self._base_in_flight)))
+        self._lowered = False
+        return mean
+
+    def stats(self) -> dict[str, Any]:
+        return {"limit": self.limit, "adaptive": True, "min": self.min, "max": self.max,
+                "baselines": len(self._baseline)}
+
+    def __repr__(self) -> str:
+        return (f"AdaptiveLimit(limit={self.limit}, min={self.min}, max={self.max}, "
+                f"tolerance={self.tolerance})")
+
+
+Limit = AdaptiveLimit | FixedLimit
+
+
+def coerce_limit(field: str, limit: object) -> Limit:
+    """``limit=``: an :class:`AdaptiveLimit`, a :class:`FixedLimit` or an int (fixed);
+    None is a new :class:`AdaptiveLimit` with the defaults."""
+    if limit is None:
+        return AdaptiveLimit()
+    if isinstance(limit, AdaptiveLimit | FixedLimit):
+        return limit
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        return FixedLimit(validate.integer(field, limit))
+    raise ConfigError(field, limit, "must be an AdaptiveLimit or an int (a fixed "
+                      "concurrency limit)")

@@ -1,0 +1,244 @@
+"""AdaptiveLimit: within [min, max], shrinks under latency growth, grows near the
+no-load minimum, and does not creep upward under moderate overload (Gradient2's flaw)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stormguard import AdaptiveLimit, ConfigError
+from stormguard.overload import FixedLimit
+
+
+def drive(limit: AdaptiveLimit, rtt_of: object, windows: int, per_window: int = 20,
+          window: float = 0.1, now: float = 0.0) -> float:
+    """Feed ``windows`` windows of samples; the load is always at the limit (every slot
+    taken), ``rtt_of(limit)`` gives the latency of a request at that concurrency."""
+    assert callable(rtt_of)
+    for _ in range(windows):
+        for i in range(per_window):
+            limit.sample(rtt_of(limit.limit), now + i * window / per_window, limit.limit)
+        now += window
+    return now
+
+
+def server(capacity: int, base: float = 0.01) -> object:
+    """A server that runs ``capacity`` requests in parallel: beyond, they queue, and the
+    latency grows with the concurrency (Little's law)."""
+    return lambda concurrency: base * max(1.0, concurrency / capacity)
+
+
+class Gradient2Model:
+    """Netflix concurrency-limits' Gradient2 (defaults: tolerance 1.5, smoothing 0.2,
+    long window 600 samples, queue allowance sqrt(limit)), one update per window of
+    samples, as the library does: the reference the moderate-overload test compares to."""
+
+    def __init__(self, initial: int = 20, max_limit: int = 1000) -> None:
+        self.limit = float(initial)
+        self.long_rtt: float | None = None
+        self.max = max_limit
+
+    def window(self, short_rtt: float) -> None:
+        if self.long_rtt is None:
+            self.long_rtt = short_rtt
+        self.long_rtt += (short_rtt - self.long_rtt) / 600 * 20  # 20 samples per window
+        if self.long_rtt / short_rtt > 2:
+            self.long_rtt *= 0.95
+        gradient = max(0.5, min(1.0, 1.5 * self.long_rtt / short_rtt))
+        new = self.limit * gradient + math.sqrt(self.limit)
+        self.limit = min(self.max, max(1.0, self.limit * 0.8 + new * 0.2))
+
+
+def test_bad_arguments_name_the_field() -> None:
+    for kwargs, field in [({"min": 0}, "min"), ({"min": 5, "max": 4}, "max"),
+                          ({"initial": 2000}, "initial"), ({"tolerance": 0.5}, "tolerance"),
+                          ({"window": -1}, "window"), ({"initial": 1.5}, "initial")]:
+        with pytest.raises(ConfigError, match=field):
+            AdaptiveLimit(**kwargs)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="limit"):
+        FixedLimit(0)
+
+
+def test_grows_while_latency_stays_at_the_no_load_minimum() -> None:
+    limit = AdaptiveLimit(initial=10, max=200)
+    drive(limit, lambda c: 0.01, windows=30)  # an I/O-bound dependency: no queueing
+    assert limit.limit == 200
+
+
+def test_does_not_grow_when_the_limit_is_not_used() -> None:
+    limit = AdaptiveLimit(initial=10)
+    for i in range(500):  # one request at a time: no evidence that more would be fine
+        limit.sample(0.01, i * 0.01, 1)
+    assert limit.limit == 10
+
+
+def test_finds_the_capacity_of_a_server_and_stays_there() -> None:
+    limit = AdaptiveLimit(initial=1, max=1000)
+    seen = []
+    now = 0.0
+    for _ in range(200):
+        now = drive(limit, server(capacity=16), windows=1, now=now)
+        seen.append(limit.limit)
+    tail = seen[50:]
+    assert min(tail) >= 8, tail
+    assert max(tail) <= 16 * limit.tolerance, tail  # latency at most 2x the no-load one
+
+
+def test_per_key_baselines_tell_a_slow_route_from_a_queue() -> None:
+    """A 20 ms checkout beside a 5 ms cart is not queueing: each is compared with its
+    own no-load minimum."""
+    limit = AdaptiveLimit(initial=10, max=100)
+    now = 0.0
+    for _ in range(40):
+        for i in range(20):
+            key, rtt = ("/checkout", 0.020) if i % 2 else ("/cart", 0.005)
+            limit.sample(rtt, now + i * 0.005, limit.limit, key)
+        now += 0.1
+    assert limit.limit == 100
+    assert limit.baseline("/cart") == pytest.approx(0.005)
+    assert limit.baseline("/checkout") == pytest.approx(0.020)
+
+
+def test_a_service_that_really_became_slower_is_relearnt_without_a_probe() -> None:
+    limit = AdaptiveLimit(initial=10, max=100)
+    drive(limit, lambda c: 0.01, windows=10)
+    # a slower release: 3x the latency at any load; the limit shrinks to the floor, where
+    # requests run alone and re-teach the baseline, and then it grows back
+    now = drive(limit, lambda c: 0.03, windows=80, now=10.0)
+    assert 0.02 < (limit.baseline("") or 0) <= 0.03
+    drive(limit, lambda c: 0.03, windows=60, now=now)
+    assert limit.limit == 100
+
+
+@settings(max_examples=200, deadline=None)
+@given(initial=st.integers(1, 50), lo=st.integers(1, 10), hi=st.integers(50, 300),
+       samples=st.lists(st.tuples(st.one_of(st.floats(0, 10), st.just(math.nan),
+                                            st.just(math.inf)), st.floats(0, 0.5),
+                                  st.integers(0, 400), st.sampled_from(["", "/a", "/b"])),
+                        max_size=400))
+def test_always_within_min_and_max(initial: int, lo: int, hi: int,
+                                   samples: list[tuple[float, float, int, str]]) -> None:
+    initial = max(lo, min(hi, initial))
+    limit = AdaptiveLimit(initial=initial, min=lo, max=hi, min_samples=1, window=0.0)
+    now = 0.0
+    for rtt, dt, in_flight, key in samples:
+        now += dt
+        limit.sample(rtt, now, in_flight, key)
+        assert lo <= limit.limit <= hi
+
+
+@settings(max_examples=100, deadline=None)
+@given(initial=st.integers(10, 500), growth=st.floats(0.05, 2.0), base=st.floats(1e-4, 1.0))
+def test_shrinks_under_sustained_latency_growth(initial: int, growth: float,
+                                                base: float) -> None:
+    """Latency rising window after window (a queue building up): the limit never grows
+    once the latency is past the tolerance, and it ends well below where it started."""
+    limit = AdaptiveLimit(initial=initial, max=1000)
+    drive(limit, lambda c: base, windows=1)  # learn the no-load minimum
+    start = limit.limit
+    now = 1.0
+    rtt = base
+    last = start
+    for _ in range(40):
+        before = rtt  # a window is judged when the next one's first sample arrives
+        rtt *= 1 + growth
+        now = drive(limit, lambda c, r=rtt: r, windows=1, now=now)
+        # the limit itself, not a probe window's lowered one (a probe hides for one window
+        # the growth the window before it earned)
+        level = int(limit._limit)
+        if before > base * 1.5:
+            assert level <= last
+        last = level
+    assert limit.limit < start
+    assert limit.limit <= max(1, start // 2)
+
+
+@settings(max_examples=50, deadline=None)
+@given(capacity=st.integers(2, 64), initial=st.integers(1, 100))
+def test_does_not_creep_upward_under_moderate_overload(capacity: int, initial: int) -> None:
+    """Offered load beyond capacity without end (every slot always taken), latency
+    proportional to the excess concurrency: Gradient2's long-term average follows the
+    loaded latency, its gradient reads 1 and its queue allowance lifts the limit every
+    window, without end. The no-load minimum does not follow: ours settles within 100
+    windows and never grows again. (Started in overload it may settle above the capacity,
+    having never seen the no-load latency; it does not creep.)"""
+    ours = AdaptiveLimit(initial=initial, max=10_000)
+    g2 = Gradient2Model(initial=initial, max_limit=10_000)
+    rtt_of = server(capacity)
+    now = 0.0
+    settled = None
+    for i in range(1000):
+        now = drive(ours, rtt_of, windows=1, now=now)
+        g2.window(rtt_of(int(g2.limit)))  # type: ignore[operator]
+        if ours.probing:
+            continue
+        if i >= 100 and settled is None:
+            settled = ours.limit
+        elif settled is not None:
+            assert ours.limit <= settled, (i, ours.limit, settled)
+    assert ours.limit <= 2 * max(initial, capacity)
+    # the scenario is the one that catches the flaw: the reference model ran away
+    assert g2.limit > 10 * capacity
+
+
+def test_fixed_limit_never_moves() -> None:
+    limit = FixedLimit(7)
+    assert limit.sample(10.0, 1.0, 7) is None
+    assert limit.limit == 7
+
+
+def test_slowness_that_requests_alone_share_is_not_a_queue() -> None:
+    """A busy machine slows every request, the ones that ran alone too: a lower limit
+    would not shorten anything, so the limit holds. When only the concurrent ones are
+    slow, that is a queue, and it shrinks."""
+    external = AdaptiveLimit(initial=10)
+    queue = AdaptiveLimit(initial=10)
+    now = 0.0
+    for lim in (external, queue):
+        for i in range(20):  # learn the no-load latency
+            lim.sample(0.01, now + i * 0.005, 5)
+    now = 1.0
+    for _ in range(10):
+        for i in range(20):
+            alone = i % 4 == 0
+            external.sample(0.05, now + i * 0.005, 1 if alone else 8)
+            queue.sample(0.01 if alone else 0.05, now + i * 0.005, 1 if alone else 8)
+        now += 0.1
+    assert external.limit >= 10  # (it grew in the learning window; it never shrank)
+    assert queue.limit < 5
+
+
+def test_a_limit_that_learnt_at_no_load_never_probes() -> None:
+    limit = AdaptiveLimit(initial=20, max=1000)
+    for i in range(20):  # requests alone: a no-load baseline
+        limit.sample(0.01, i * 0.01, 1)
+    now = 1.0
+    for _ in range(100):
+        for i in range(20):
+            limit.sample(0.01 * max(1.0, limit.limit / 8), now + i * 0.005, limit.limit)
+        now += 0.1
+        assert not limit.probing
+
+
+def test_probes_stop_for_good_and_never_reach_the_floor() -> None:
+    """Started in overload: probes at most 3/4 below the limit, never to min, and they
+    stop once one finds no lower latency."""
+    limit = AdaptiveLimit(initial=40, max=1000)
+    now = 0.0
+    probes = []
+    last_probe = 0
+    for w in range(300):
+        for i in range(20):
+            limit.sample(0.01 * max(1.0, limit.limit / 4), now + i * 0.005, limit.limit)
+        now += 0.1
+        if limit.probing:
+            probes.append(limit.limit)
+            assert limit.limit >= int(limit._limit * 0.25)
+            assert limit.limit > limit.min
+            last_probe = w
+    assert probes
+    assert last_probe < 200  # then never again
+    assert 4 <= limit.limit <= 8

@@ -332,8 +332,6 @@ def test_planned_components_are_mapped_to_their_stats() -> None:
         _Component("emails", "queue", {"pending": 5, "in_flight": 1, "dead": 2}),
         _Component("edge", "hybrid", {"syncs": 9, "keys_synced": 40, "local_decisions": 900,
                                       "degraded": True, "hot_keys": None}),
-        _Component("api", "shedder", {"limit": 40, "in_flight": 12, "waiting": 3,
-                                      "shed": {"critical": 0, "sheddable": 7}}),
     ]
     p = prom(registry)
     assert value(p, "stormguard_shaper_queue_depth", name="sms-pace") == 3
@@ -343,9 +341,6 @@ def test_planned_components_are_mapped_to_their_stats() -> None:
     assert value(p, "stormguard_queue_dead", name="emails") == 2
     assert value(p, "stormguard_hybrid_syncs_total", name="edge") == 9
     assert value(p, "stormguard_hybrid_degraded", name="edge") == 1
-    assert value(p, "stormguard_adaptive_limit", name="api") == 40
-    assert value(p, "stormguard_concurrency_limit_in_flight", name="api") == 12
-    assert value(p, "stormguard_shed_total", name="api", tier="sheddable") == 7
     del parts
 
 
@@ -528,3 +523,50 @@ def test_both_exporters_always_report_the_same_series(ops: list[str]) -> None:
 
 
 _PROVIDERS: list[MeterProvider] = []
+
+
+def test_overload_protection_reports() -> None:
+    """A real Shedder at its limit, a ConcurrencyLimit and a client-side throttle: limit,
+    in flight, sheds by tier, rejections and probability, once each (a ConcurrencyLimit's
+    shedder is the one registered)."""
+    import random
+
+    from stormguard import Shed, Throttled
+    from stormguard.overload import Shedder
+    from stormguard.overload.shedder import CRITICAL, SHEDDABLE
+    from stormguard.resilience.concurrency import ConcurrencyLimit
+    from stormguard.resilience.throttle import AdaptiveThrottle
+
+    registry = CollectorRegistry()
+    observability.enable_prometheus(registry)
+    clock = FakeClock()
+    shedder = Shedder(2, queue_timeout=0, name="api-shedder", clock=clock)
+    tickets = [shedder.try_acquire(CRITICAL), shedder.try_acquire(CRITICAL)]
+    shed = [shedder.try_acquire(SHEDDABLE) for _ in range(3)]
+    assert all(isinstance(x, Shed) for x in shed)
+    limit = ConcurrencyLimit(5, name="db-limit", clock=clock)
+    throttle = AdaptiveThrottle(k=1.0, window=60, rng=random.Random(7), name="upstream",
+                                on=OSError, clock=clock)
+    throttled = 0
+    for _ in range(200):
+        try:
+            throttle.call(fail)
+        except Throttled:
+            throttled += 1
+        except OSError:
+            pass
+    p = prom(registry)
+    stats = shedder.stats()
+    assert value(p, "stormguard_concurrency_limit_in_flight", name="api-shedder") == 2
+    assert value(p, "stormguard_adaptive_limit", name="api-shedder") == 2
+    assert value(p, "stormguard_shed_total", name="api-shedder", tier="sheddable") == \
+        stats["shed"]["sheddable"] > 0
+    # 5, not 10: the ConcurrencyLimit's shedder is registered, the policy is not as well
+    assert value(p, "stormguard_adaptive_limit", name="db-limit") == 5
+    assert throttled > 0
+    assert value(p, "stormguard_throttled_total", name="upstream") == throttled
+    assert value(p, "stormguard_throttle_probability", name="upstream") == \
+        pytest.approx(throttle.stats()["probability"])
+    for t in tickets:
+        shedder.release(t)  # type: ignore[arg-type]
+    del limit

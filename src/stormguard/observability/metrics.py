@@ -32,8 +32,11 @@ from stormguard.observability.events import (
     BudgetExhausted,
     BulkheadRejected,
     CallRejected,
+    CallThrottled,
     Event,
     FallbackUsed,
+    LimitChanged,
+    RequestShed,
     RetryGaveUp,
     RetryScheduled,
     StateChanged,
@@ -119,15 +122,20 @@ SCHEMA: dict[str, MetricSpec] = {s.name: s for s in (
     _c("stormguard_bulkhead_rejected", _N, "Calls a bulkhead rejected"),
     _c("stormguard_timeouts", ("name", "kind"), "Timeouts that fired (kind: attempt, total)"),
     _c("stormguard_fallbacks", _N, "Answers a fallback gave instead of the call"),
-    # components built alongside: wired below (STATS_METRICS, READERS); they report
-    # once their constructors call track(self, kind) (planned until then)
+    # overload protection: the shedder (also inside ConcurrencyLimit and the LoadShedding
+    # middleware) and the adaptive throttle, read from their stats()
     _g("stormguard_concurrency_limit_in_flight", _N,
-       "Calls in flight under a concurrency limit or shedder", planned=True),
+       "Calls in flight under a concurrency limit or load shedder"),
     _g("stormguard_concurrency_limit_waiting", _N,
-       "Calls waiting for a concurrency limit or shedder", planned=True),
-    _g("stormguard_adaptive_limit", _N, "The (adaptive) concurrency limit's current value",
-       planned=True),
-    _c("stormguard_shed", ("name", "tier"), "Requests shed, by tier", planned=True),
+       "Calls waiting for a concurrency limit or load shedder"),
+    _g("stormguard_adaptive_limit", _N, "The (adaptive) concurrency limit's current value"),
+    _c("stormguard_shed", ("name", "tier"), "Requests shed, by tier"),
+    _c("stormguard_limit_changes", _N, "Moves of an adaptive concurrency limit"),
+    _g("stormguard_throttle_probability", _N,
+       "Client-side throttling: the probability that a call is rejected locally now"),
+    _c("stormguard_throttled", _N, "Calls client-side throttling rejected locally"),
+    # components built alongside: wired below (STATS_METRICS); they report once their
+    # constructors call track(self, kind) (planned until then)
     _g("stormguard_shaper_queue_depth", _N, "Calls waiting in a shaper", planned=True),
     _c("stormguard_shaper_waits", _N, "Calls a shaper delayed", planned=True),
     _c("stormguard_shaper_rejected", _N, "Calls a shaper rejected", planned=True),
@@ -176,6 +184,14 @@ def _fallback(e: Any) -> Iterable[Sample]:
     return (("stormguard_fallbacks", (e.policy,), 1),)
 
 
+def _limit_changed(e: Any) -> Iterable[Sample]:
+    return (("stormguard_limit_changes", (e.policy,), 1),)
+
+
+def _throttled(e: Any) -> Iterable[Sample]:
+    return (("stormguard_throttled", (e.policy,), 1),)
+
+
 EVENT_METRICS: dict[type[Event], Callable[[Any], Iterable[Sample]]] = {
     RetryScheduled: _retry_scheduled,
     RetryGaveUp: _retry_gave_up,
@@ -184,8 +200,12 @@ EVENT_METRICS: dict[type[Event], Callable[[Any], Iterable[Sample]]] = {
     BulkheadRejected: _bulkhead,
     TimedOut: _timed_out,
     FallbackUsed: _fallback,
-    # a breaker's rejections are read from the breaker itself (stormguard_breaker_calls)
+    LimitChanged: _limit_changed,
+    CallThrottled: _throttled,
+    # read from the components themselves: a breaker's rejections
+    # (stormguard_breaker_calls), a shedder's sheds (stormguard_shed, by tier)
     CallRejected: lambda e: (),
+    RequestShed: lambda e: (),
 }
 """Event class -> the counter increments it makes. Adding a component's event is one entry
 (its subclasses are looked up through the class's MRO)."""
@@ -300,7 +320,8 @@ def _read_store(store: Any) -> Iterator[Sample]:
 
 
 def _read_shedder(obj: Any) -> Iterator[Sample]:
-    # the shape of a shedder's (and a ConcurrencyLimit's) stats(): scalars and "shed" by tier
+    # a Shedder's stats() (a ConcurrencyLimit and the LoadShedding middleware each hold
+    # one, registered on its own): scalars and "shed" by tier
     stats = obj.stats()
     name = (str(obj.name),)
     for key, metric in (("in_flight", "stormguard_concurrency_limit_in_flight"),
@@ -321,11 +342,11 @@ READERS: dict[str, Callable[[Any], Iterable[Sample]]] = {
     "limiter": _read_limiter,
     "store": _read_store,
     "shedder": _read_shedder,
-    "concurrency_limit": _read_shedder,
 }
 """Component kind -> the samples read from one live component of that kind."""
 
 STATS_METRICS: dict[str, dict[str, str]] = {
+    "throttle": {"probability": "stormguard_throttle_probability"},
     "shaper": {"waiting": "stormguard_shaper_queue_depth",
                "waited": "stormguard_shaper_waits",
                "rejected": "stormguard_shaper_rejected"},

@@ -19,7 +19,7 @@ __all__ = ["ASSETS", "MAX_TOP", "ObserveEndpoints"]
 MAX_TOP = 1000
 ASSETS = {"dashboard.js": "text/javascript; charset=utf-8",
           "dashboard.css": "text/css; charset=utf-8"}
-_QUEUE_KINDS = ("queue", "shaper")
+_QUEUE_KINDS = ("queue", "shaper", "shedder")  # waiting work: jobs, paced calls, requests
 _CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
         "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 

@@ -133,13 +133,17 @@ async def test_stats_list_breakers_and_queues_of_the_process() -> None:
     metrics.track(down, "queue")
     breaker = CircuitBreaker(name="sms-provider")
     breaker.force_open()
+    from stormguard.overload import Shedder
+
+    shedder = Shedder(10, name="edge-shedder")
     app = create_app(rules=RULES)
     async with client(app) as c:
         stats = (await c.get("/v1/stats")).json()
     assert {"name": "emails", "kind": "queue", "depth": 4} in stats["queues"]
     assert {"name": "sms-outbox", "kind": "queue", "depth": None} in stats["queues"]
+    assert {"name": "edge-shedder", "kind": "shedder", "depth": 0} in stats["queues"]
     assert {"name": "sms-provider", "state": "open", "kind": "policy"} in stats["breakers"]
-    del queue, down, breaker
+    del queue, down, breaker, shedder
 
 
 @pytest.mark.slow

@@ -39,6 +39,7 @@ from stormguard.resilience import (
 )
 from stormguard.resilience.pipeline import Pipeline
 from stormguard.stores import MemoryStore, Store
+from stormguard.stores.regional import RegionalStore
 
 if TYPE_CHECKING:
     from stormguard.stores.redis import RedisClusterStore, RedisStore
@@ -63,6 +64,7 @@ __all__ = [
     "RateLimiter",
     "RedisClusterStore",
     "RedisStore",
+    "RegionalStore",
     "Retry",
     "RetryBudget",
     "RetryBudgetExhausted",

@@ -1,4 +1,4 @@
-"""The ``stormguard`` command: ``serve``, ``check``, ``rules validate``.
+"""The ``stormguard`` command: ``serve``, ``check``, ``rules validate``, ``simulate``.
 
 Exit codes: 0 success (``check``: allowed), 1 denied or invalid rules, 2 bad usage
 (flags, unreadable files, bad configuration), 3 the store failed, 4 ``serve`` could not
@@ -142,7 +142,12 @@ def _parser() -> argparse.ArgumentParser:
     rsub.required = True
     validate = rsub.add_parser("validate", help="check a rules file; exit 1 if invalid")
     validate.add_argument("file")
+
+    from stormguard.cli import simulate
+
+    simulate_parser = simulate.add_parser(sub)
     p.subcommands = {"serve": serve, "check": check, "rules": rules}
+    p.subcommands["simulate"] = simulate_parser
     rules.subcommands = {"validate": validate}
     return p
 
@@ -407,4 +412,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(args)
     if args.command == "check":
         return _check(args)
+    if args.command == "simulate":
+        from stormguard.cli import simulate
+
+        return simulate.run(args)
     return _validate(args)

@@ -107,7 +107,7 @@ class _RedisStore(Store):
         self.clock = clock if clock is not None else system_clock
         self.client_options = client_options
         self._listeners: list[Listener] = list(listeners)
-        self._rule_args: dict[str, tuple[str, int, int, int]] = {}
+        self._rule_args: dict[tuple[str, int], tuple[str, int, int, int]] = {}
         self._packs: dict[tuple[Any, int, bool], tuple[bytes, list[bytes], bytes]] = {}
         self._key_head = f"{self.prefix}:{{".encode()
 
@@ -156,9 +156,12 @@ class _RedisStore(Store):
         return f"{self.prefix}:{{{tag(key)}}}:{rule._id}"
 
     def _args(self, rule: Rule) -> tuple[str, int, int, int]:
-        a = self._rule_args.get(rule._id)
+        # keyed by the id and the limit: a regional share is a copy of its rule with the
+        # same id (the same counters) and a smaller limit (stores/regional)
+        k = (rule._id, rule._algo.N)
+        a = self._rule_args.get(k)
         if a is None:
-            a = self._rule_args[rule._id] = rule_args(rule)
+            a = self._rule_args[k] = rule_args(rule)
         return a
 
     def _command(self, key: str, rules: Sequence[Rule], cost: int, consume: bool) -> Command:
@@ -166,7 +169,9 @@ class _RedisStore(Store):
         the key tag and the time is packed once per (rules, cost, consume) and reused."""
         if type(key) is not str:
             raise key_error(key)
-        ck = (rules[0]._id if len(rules) == 1 else tuple(r._id for r in rules), cost, consume)
+        r0 = rules[0]
+        ck = ((r0._id, r0._algo.N) if len(rules) == 1
+              else tuple((r._id, r._algo.N) for r in rules), cost, consume)
         parts = self._packs.get(ck)
         if parts is None:
             if len(self._packs) > 4096:

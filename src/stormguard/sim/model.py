@@ -1,0 +1,548 @@
+"""The capacity model: services with thread pools, dependencies, traffic and clients.
+
+A :class:`~stormguard.sim.scenario.Scenario` (validated, durations in seconds) becomes
+a running model on one :class:`~stormguard.sim.Engine`:
+
+* **traffic**: an arrival process (constant or Poisson, its rate a schedule with
+  steps, ramps and spikes) sends requests to ``service.endpoint`` through zero or more
+  **client layers** (the mobile app, a gateway), each a real ``Pipeline`` of
+  ``Timeout(total=)`` and ``Retry`` around a remote call to the next hop;
+* a **service** has ``instances`` (round robin), each a pool of ``threads`` with a
+  FIFO queue; a request holds one thread from the moment it gets one until its last
+  step ends, which is what Little's law counts;
+* an **endpoint** is a list of steps: ``work`` (the thread is busy for that long) or
+  ``call`` of a dependency through that instance's real policies (``Fallback``,
+  ``CircuitBreaker``, ``Retry`` with a shared ``RetryBudget``, ``Bulkhead``,
+  ``Timeout``...), built from the scenario by the policy registry
+  (:data:`stormguard.sim.policies.POLICIES`);
+* a **dependency** answers after a latency drawn from its distribution, fails with
+  its error rate, and serves at most ``capacity`` calls per second: beyond that, calls
+  wait their turn (an overloaded provider gets slower), a call abandoned by its
+  caller still takes its turn (the provider does not know), and with ``queue_limit``
+  a full queue answers 503 at once. Latency, error rate and capacity change at the
+  times given in ``changes``.
+
+Calls honour the deadline in force the way a well-behaved client library does (the
+httpx transport of stormguard clips its timeouts to it): a call stops waiting when
+the deadline passes and raises ``TimeoutError``, which ``Timeout`` turns into
+``DeadlineExceeded``. ``work`` steps are CPU: they are never interrupted.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from stormguard._core.deadline import _current
+from stormguard._core.errors import TransientError
+from stormguard.observability.events import Event, StateChanged
+from stormguard.resilience import Retry, Timeout
+from stormguard.resilience._base import Policy
+from stormguard.resilience.pipeline.blocking import chain
+from stormguard.sim.engine import Engine
+from stormguard.sim.policies import FALLBACK, BuildContext, build_policies
+from stormguard.sim.runtime import (
+    Gauge,
+    Pool,
+    PoolFull,
+    Series,
+    SimClock,
+    Waiter,
+    new_engine,
+    start,
+)
+from stormguard.sim.scenario import Scenario
+
+__all__ = ["DependencyDown", "Result", "ServiceUnavailable", "run"]
+
+
+class DependencyDown(TransientError):
+    """A simulated dependency answered with an error (a 503)."""
+
+
+class ServiceUnavailable(TransientError):
+    """A simulated service answered with an error (its request failed or was refused)."""
+
+
+# -- latency distributions -------------------------------------------------------------
+def sampler(spec: dict[str, Any], rng: random.Random) -> Callable[[], float]:
+    """A function drawing one latency (seconds) from a normalized distribution spec."""
+    dist = spec["dist"]
+    if dist == "constant":
+        value = float(spec["value"])
+        return lambda: value
+    if dist == "exponential":
+        rate = 1.0 / float(spec["mean"])
+        return lambda: rng.expovariate(rate)
+    if dist == "uniform":
+        lo, hi = float(spec["low"]), float(spec["high"])
+        return lambda: rng.uniform(lo, hi)
+    # lognormal from its median and p99: mu = ln(median), sigma = ln(p99/median) / z99
+    mu = math.log(float(spec["median"]))
+    sigma = math.log(float(spec["p99"]) / float(spec["median"])) / 2.3263478740408408
+    return lambda: rng.lognormvariate(mu, sigma)
+
+
+def mean_of(spec: dict[str, Any]) -> float:
+    dist = spec["dist"]
+    if dist == "constant":
+        return float(spec["value"])
+    if dist == "exponential":
+        return float(spec["mean"])
+    if dist == "uniform":
+        return (float(spec["low"]) + float(spec["high"])) / 2
+    sigma = math.log(float(spec["p99"]) / float(spec["median"])) / 2.3263478740408408
+    return float(spec["median"]) * math.exp(sigma * sigma / 2)
+
+
+# -- dependencies ----------------------------------------------------------------------
+class Dependency:
+    """A provider with time-varying latency, error rate and capacity (calls/s, FIFO)."""
+
+    __slots__ = ("_at", "_capacity", "_clock", "_errors", "_inv_res", "_last", "_latency",
+                 "_next_free", "_rng", "_rows", "_single", "name")
+
+    def __init__(self, name: str, spec: dict[str, Any], clock: SimClock, rng: random.Random,
+                 series: Series) -> None:
+        self.name = name
+        self._clock = clock
+        self._rng = rng
+        phases = [(0.0, spec)]
+        base = dict(spec)
+        for change in spec.get("changes", []):
+            base = {**base, **{k: v for k, v in change.items() if k != "at"}}
+            phases.append((float(change["at"]), base))
+        self._at = [t for t, _ in phases]
+        self._single = len(phases) == 1
+        self._latency = [sampler(p["latency"], rng) for _, p in phases]
+        self._errors = [float(p.get("error_rate", 0.0)) for _, p in phases]
+        self._capacity = [p.get("capacity") for _, p in phases]
+        self._next_free = 0.0
+        # the count rows, looked up once: calls, answered, failed, abandoned by the caller
+        self._rows = tuple(series.row(f"{tag}") for tag in (
+            f"calls:{name}", f"dep:{name}:ok", f"dep:{name}:error", f"dep:{name}:timeout"))
+        self._inv_res = 1.0 / series.resolution
+        self._last = series.buckets - 1
+
+    def call(self) -> str:
+        """One call from a simulated task: waits its answer or the deadline in force."""
+        clock = self._clock
+        now = clock.monotonic()
+        b = int(now * self._inv_res)
+        b = min(b, self._last)
+        calls, ok, err, abandoned = self._rows
+        calls[b] += 1
+        i = 0 if self._single else bisect.bisect_right(self._at, now) - 1
+        capacity = self._capacity[i]
+        start = now
+        if capacity is not None:
+            # one turn every 1/capacity s: a queue that lengthens when arrivals exceed it
+            start = self._next_free if self._next_free > now else now
+            self._next_free = start + 1.0 / float(capacity)
+        answer_at = start + self._latency[i]()
+        rate = self._errors[i]
+        failed = rate > 0.0 and self._rng.random() < rate
+        d = _current.get()
+        if d is not None and d.at < answer_at:
+            clock.sleep(d.at - now if d.at > now else 0.0)
+            b = min(int(clock.monotonic() * self._inv_res), self._last)
+            abandoned[b] += 1
+            raise TimeoutError(f"{self.name}: no answer before the deadline")
+        clock.sleep(answer_at - now)
+        b = int(clock.monotonic() * self._inv_res)
+        b = min(b, self._last)
+        if failed:
+            err[b] += 1
+            raise DependencyDown(f"{self.name}: 503")
+        ok[b] += 1
+        return "ok"
+
+
+# -- services --------------------------------------------------------------------------
+#: one step of an endpoint, ready to run: ``partial(clock.sleep, work)`` or a dependency
+#: call under its policies; a step answering FALLBACK served the request degraded
+_Step = Callable[[], object]
+
+
+class Instance:
+    """One service instance: its thread pool and its endpoints' steps (own policies)."""
+
+    __slots__ = ("endpoints", "pool")
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self.endpoints: dict[str, tuple[_Step, ...]] = {}
+
+
+class Service:
+    __slots__ = ("_next", "gauge", "instances", "name", "queue_gauge", "threads")
+
+    def __init__(self, name: str, threads: int | None, gauge: Gauge, queue_gauge: Gauge) -> None:
+        self.name = name
+        self.threads = threads
+        self.instances: list[Instance] = []
+        self.gauge = gauge
+        self.queue_gauge = queue_gauge
+        self._next = 0
+
+    def pick(self) -> Instance:
+        inst = self.instances[self._next]
+        self._next = (self._next + 1) % len(self.instances)
+        return inst
+
+
+def _handle(inst: Instance, endpoint: str, clock: SimClock) -> str:
+    """The server side of one request, in its own task: a thread, then the steps."""
+    pool = inst.pool
+    try:
+        pool.acquire()
+    except PoolFull as exc:
+        raise ServiceUnavailable("503: queue full") from exc
+    outcome = "success"
+    try:
+        for step in inst.endpoints[endpoint]:
+            if step() is FALLBACK:
+                outcome = "fallback"
+    finally:
+        pool.release()
+    return outcome
+
+
+# -- the run ---------------------------------------------------------------------------
+@dataclass
+class Result:
+    """What a run measured: counts and levels per bucket of virtual time."""
+
+    scenario: Scenario
+    resolution: float
+    series: Series
+    busy: dict[str, Gauge]
+    queued: dict[str, Gauge]
+    threads: dict[str, int | None]
+    first_full_at: dict[str, float | None]
+    transitions: list[tuple[float, str, str, str]] = field(default_factory=list)
+    events: int = 0
+
+    @property
+    def duration(self) -> float:
+        return self.scenario.duration
+
+    def window(self) -> tuple[float, float]:
+        m = self.scenario.measure
+        return m[0], m[1]
+
+    def busy_threads(self, service: str, start: float | None = None,
+                     end: float | None = None) -> float:
+        """Time-average busy threads of ``service`` (all instances) over the window."""
+        lo, hi = self.window()
+        return self.busy[service].mean(lo if start is None else start, hi if end is None else end)
+
+    def calls_per_s(self, dependency: str, start: float | None = None,
+                    end: float | None = None) -> float:
+        lo, hi = self.window()
+        return self.series.rate(f"calls:{dependency}", lo if start is None else start,
+                                hi if end is None else end)
+
+    def outcome_rates(self, traffic: str, start: float | None = None,
+                      end: float | None = None) -> dict[str, float]:
+        """Fractions of the requests that *arrived* in the window, by final outcome."""
+        lo, hi = self.window()
+        lo = lo if start is None else start
+        hi = hi if end is None else end
+        counts = {o: self.series.total(f"{traffic}:{o}", lo, hi)
+                  for o in ("success", "fallback", "error")}
+        total = sum(counts.values())
+        return {o: (n / total if total else 0.0) for o, n in counts.items()}
+
+    def opened_at(self, policy: str | None = None) -> float | None:
+        """Virtual time of the first transition to ``open`` (of the policy named)."""
+        for at, name, _old, new in self.transitions:
+            if new == "open" and (policy is None or name.split("#")[0] == policy):
+                return at
+        return None
+
+    def summary(self) -> dict[str, Any]:
+        """The figures as one JSON-ready object."""
+        lo, hi = self.window()
+        out: dict[str, Any] = {"scenario": self.scenario.name, "duration_s": self.duration,
+                               "window_s": [lo, hi], "events": self.events}
+        out["services"] = {
+            name: {"threads_available": self.threads[name],
+                   "busy_threads_mean": round(self.busy_threads(name), 3),
+                   "busy_threads_peak": max(self.busy[name].peak, default=0),
+                   "queued_mean": round(self.queued[name].mean(lo, hi), 3),
+                   "all_threads_busy_at_s": self.first_full_at[name]}
+            for name in self.busy}
+        out["dependencies"] = {
+            name: {"calls_per_s": round(self.calls_per_s(name), 3),
+                   "errors_per_s": round(self.series.rate(f"dep:{name}:error", lo, hi), 3),
+                   "abandoned_per_s": round(self.series.rate(f"dep:{name}:timeout", lo, hi), 3)}
+            for name in self.scenario.dependencies}
+        out["traffic"] = {}
+        for t in self.scenario.traffic:
+            name = t["name"]
+            rates = self.outcome_rates(name)
+            n = sum(self.series.total(f"{name}:{o}", lo, hi)
+                    for o in ("success", "fallback", "error"))
+            out["traffic"][name] = {
+                "arrivals_per_s": round(self.series.rate(f"{name}:arrivals", lo, hi), 3),
+                **{f"{o}_rate": round(r, 4) for o, r in rates.items()},
+                "mean_response_s": round(
+                    self.series.total(f"{name}:latency_us", lo, hi) / 1e6 / n, 4) if n else None}
+        out["breaker_transitions"] = [
+            {"at_s": round(at, 3), "policy": name, "from": old, "to": new}
+            for at, name, old, new in self.transitions[:50]]
+        return out
+
+
+class _Rate:
+    """A piecewise-linear rate schedule: steps, ramps and spikes."""
+
+    def __init__(self, spec: Any) -> None:
+        points: list[tuple[float, float]] = []
+        if isinstance(spec, int | float):
+            points = [(0.0, float(spec))]
+        else:
+            rate = 0.0
+            for entry in spec:
+                at, new = float(entry["at"]), float(entry["rate"])
+                ramp, hold = entry.get("ramp"), entry.get("for")
+                points.append((at, rate))
+                if ramp:
+                    points.append((at + float(ramp), new))
+                else:
+                    points.append((at, new))
+                if hold:
+                    end = at + (float(ramp) if ramp else 0.0) + float(hold)
+                    points.append((end, new))
+                    points.append((end, rate))
+                else:
+                    rate = new
+            if not points or points[0][0] > 0:
+                points.insert(0, (0.0, 0.0))
+        self.points = points
+        self.times = [t for t, _ in points]
+        self.peak = max((r for _, r in points), default=0.0)
+
+    def __call__(self, t: float) -> float:
+        pts = self.points
+        i = bisect.bisect_right(self.times, t) - 1
+        if i < 0:
+            return pts[0][1]
+        t0, r0 = pts[i]
+        if i + 1 < len(pts):
+            t1, r1 = pts[i + 1]
+            if t1 > t0 and r1 != r0:
+                return r0 + (r1 - r0) * (t - t0) / (t1 - t0)
+        return r0
+
+    def advance(self, t: float, need: float = 1.0) -> float | None:
+        """The time after ``t`` at which the rate's integral has grown by ``need`` (the
+        next arrival of the constant process), or None if it never does."""
+        pts = self.points
+        i = bisect.bisect_right(self.times, t) - 1
+        while i + 1 < len(pts):
+            t1, r1 = pts[i + 1]
+            if t1 > t:
+                r = self(t)
+                slope = (r1 - r) / (t1 - t)
+                area = (r + r1) / 2 * (t1 - t)
+                if need <= area:
+                    if abs(slope) < 1e-12:
+                        return t + need / r
+                    # r dt + slope dt^2 / 2 = need
+                    return t + (math.sqrt(r * r + 2 * slope * need) - r) / slope
+                need -= area
+                t = t1
+            i += 1
+        last = pts[-1][1]
+        return t + need / last if last > 0 else None
+
+
+def run(scenario: Scenario, *, resolution: float = 1.0) -> Result:
+    """Run ``scenario`` to its ``duration`` in virtual time and return what it measured."""
+    eng, clock = new_engine()
+    buckets = math.ceil(scenario.duration / resolution) + 1
+    series = Series(clock, buckets, resolution)
+    master = random.Random(scenario.seed)
+    transitions: list[tuple[float, str, str, str]] = []
+
+    def listener(instance: int) -> Callable[[Event], None]:
+        def on_event(event: Event) -> None:
+            if isinstance(event, StateChanged):
+                transitions.append((event.at, f"{event.policy}#{instance}", event.old,
+                                    event.new))
+        return on_event
+
+    deps = {name: Dependency(name, spec, clock, random.Random(master.random()), series)
+            for name, spec in scenario.dependencies.items()}
+    services: dict[str, Service] = {}
+    for sname, sspec in scenario.services.items():
+        gauge, qgauge = Gauge(clock, buckets, resolution), Gauge(clock, buckets, resolution)
+        svc = Service(sname, sspec["threads"], gauge, qgauge)
+        for i in range(sspec["instances"]):
+            inst = Instance(Pool(eng, clock, sspec["threads"], sspec.get("queue_limit"),
+                                 gauge, qgauge))
+            ctx = BuildContext(clock=clock, rng=random.Random(master.random()),
+                               listener=listener(i), instance=i)
+            for ename, espec in sspec["endpoints"].items():
+                steps: list[_Step] = []
+                for k, step in enumerate(espec["steps"]):
+                    if "work" in step:
+                        steps.append(partial(clock.sleep, float(step["work"])))
+                        continue
+                    dep = deps[step["call"]]
+                    where = f"services.{sname}.endpoints.{ename}.steps[{k}].policies"
+                    policies = build_policies(step.get("policies", []), ctx, where,
+                                              dependency=step["call"])
+                    steps.append(_wrap(policies, dep.call))
+                inst.endpoints[ename] = tuple(steps)
+            svc.instances.append(inst)
+        services[sname] = svc
+
+    for t in scenario.traffic:
+        _start_traffic(eng, clock, t, services, series, random.Random(master.random()),
+                       scenario.duration)
+    eng.run(until=scenario.duration)
+    clock.stop_tasks()  # requests still in flight end here (their memory with them)
+    for svc in services.values():
+        svc.gauge.close(eng.now)
+        svc.queue_gauge.close(eng.now)
+    return Result(
+        scenario=scenario, resolution=resolution, series=series,
+        busy={n: s.gauge for n, s in services.items()},
+        queued={n: s.queue_gauge for n, s in services.items()},
+        threads={n: (None if s.threads is None else s.threads * len(s.instances))
+                 for n, s in services.items()},
+        first_full_at={n: _all_full(s) for n, s in services.items()},
+        transitions=transitions, events=eng.events_run)
+
+
+def _all_full(svc: Service) -> float | None:
+    times = [inst.pool.first_full_at for inst in svc.instances]
+    if any(t is None for t in times):
+        return None
+    return max(t for t in times if t is not None)
+
+
+def _wrap(policies: list[Policy], fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` under ``policies``: the chain ``Pipeline(*policies).call(fn)`` runs (the
+    same ``resilience.pipeline.blocking.chain`` of the policies' ``_sync`` flows), built
+    once with ``fn`` innermost, without ``Pipeline.call``'s argument packing per call."""
+    if not policies:
+        return fn
+    chained = chain(policies, lambda _fn, _args, _kwargs: fn())
+    return partial(chained, fn, (), {})
+
+
+def _start_traffic(  # noqa: PLR0915 -- the closures of one traffic source, together
+        eng: Engine, clock: SimClock, spec: dict[str, Any],
+                   services: dict[str, Service], series: Series, rng: random.Random,
+                   duration: float) -> None:
+    name = spec["name"]
+    sname, endpoint = spec["target"].split(".", 1)
+    svc = services[sname]
+    tag_arrivals = f"{name}:arrivals"
+    tag_latency = f"{name}:latency_us"
+    tags = {o: f"{name}:{o}" for o in ("success", "fallback", "error")}
+
+    def server() -> str:
+        return _handle(svc.pick(), endpoint, clock)
+
+    # client layers, outermost first: each a pipeline around a remote call to the next hop
+    def remote(inner: Callable[[], str]) -> Callable[[], str]:
+        def call() -> str:
+            waiter = Waiter(eng, clock)
+
+            def hop() -> None:
+                try:
+                    waiter.complete(inner())
+                except Exception as exc:
+                    waiter.complete(exc)
+
+            eng._fire_now(start, clock, hop)
+            d = _current.get()
+            if not waiter.wait(None if d is None else max(d.at - clock.monotonic(), 0.0)):
+                raise TimeoutError(f"{sname}: no answer before the deadline")
+            if isinstance(waiter.value, Exception):
+                raise ServiceUnavailable(f"{sname}: 503") from waiter.value
+            return str(waiter.value)
+        return call
+
+    top: Callable[[], str] = server
+    for layer in reversed(spec.get("clients", [])):
+        policies: list[Policy] = []
+        if layer.get("timeout") is not None:
+            policies.append(Timeout(total=layer["timeout"], clock=clock,
+                                    name=f"{layer['name']}.timeout"))
+        if layer.get("retry") is not None:
+            r = layer["retry"]
+            policies.append(Retry(attempts=r["attempts"], base=r["base"],
+                                  multiplier=r["multiplier"], max_delay=r["max_delay"],
+                                  jitter=r["jitter"], rng=random.Random(rng.random()),
+                                  clock=clock, name=f"{layer['name']}.retry"))
+        top = _wrap(policies, remote(top))
+
+    entry = top
+
+    rows = {o: series.row(tag) for o, tag in tags.items()}
+    latency = series.row(tag_latency)
+    inv_res, last = 1.0 / series.resolution, series.buckets - 1
+
+    def request() -> None:
+        started = clock.monotonic()
+        try:
+            outcome = entry()
+        except Exception:
+            outcome = "error"
+        # counted in the bucket of its arrival: rates of the requests that arrived then
+        i = int(started * inv_res)
+        i = min(i, last)
+        rows[outcome][i] += 1
+        latency[i] += int((clock.monotonic() - started) * 1e6)
+
+    rate = _Rate(spec["arrival"]["rate"])
+    poisson = spec["arrival"]["process"] == "poisson"
+
+    def next_time(t: float) -> float | None:
+        if poisson:
+            peak = rate.peak
+            if peak <= 0:
+                return None
+            if len(rate.points) == 1:  # a constant rate: no thinning needed
+                return t + rng.expovariate(peak)
+            while True:  # thinning (Lewis-Shedler) for a time-varying rate
+                t += rng.expovariate(peak)
+                if t > duration:
+                    return None
+                if rng.random() * peak <= rate(t):
+                    return t
+        return rate.advance(t)
+
+    arrivals = series.row(tag_arrivals)
+    fire_later, monotonic = eng._fire_later, clock.monotonic
+    steady = poisson and len(rate.points) == 1 and rate.peak > 0
+    expovariate, peak = rng.expovariate, rate.peak
+
+    def arrive() -> None:
+        now = monotonic()
+        i = int(now * inv_res)
+        arrivals[i if i < last else last] += 1
+        start(clock, request)
+        if steady:  # the common case, a constant Poisson rate: one draw
+            gap = expovariate(peak)
+            if now + gap <= duration:
+                fire_later(gap, arrive)
+            return
+        t = next_time(now)
+        if t is not None and t <= duration:
+            fire_later(t - now, arrive)
+
+    first = next_time(0.0)
+    if first is not None and first <= duration:
+        eng.call_at(first, arrive)

@@ -208,25 +208,34 @@ EVENT_METRICS: dict[type[Event], Callable[[Any], Iterable[Sample]]] = {
     RequestShed: lambda e: (),
 }
 """Event class -> the counter increments it makes. Adding a component's event is one entry
-(its subclasses are looked up through the class's MRO)."""
+(its subclasses are looked up through the class's MRO, once per class: add entries before
+the first event of that class is emitted, i.e. at import time)."""
 
 _lock = threading.Lock()
 _counters: dict[str, dict[Labels, float]] = {}
 _state = {"enabled": False}
 
 
+_resolved: dict[type[Any], Callable[[Any], Iterable[Sample]] | None] = {}
+
+
+def _resolve(cls: type[Any]) -> Callable[[Any], Iterable[Sample]] | None:
+    fn = next((EVENT_METRICS[c] for c in cls.__mro__ if c in EVENT_METRICS), None)
+    _resolved[cls] = fn
+    return fn
+
+
 def _listener(event: Event) -> None:
-    fn = None
-    for cls in type(event).__mro__:
-        fn = EVENT_METRICS.get(cls)
-        if fn is not None:
-            break
+    # on every event of the process once enabled: one dict lookup by type, one lock
+    cls = type(event)
+    fn = _resolved[cls] if cls in _resolved else _resolve(cls)
     if fn is None:
         return
-    samples = [(m, tuple(map(str, labels)), amount) for m, labels, amount in fn(event)]
     with _lock:
-        for metric, labels, amount in samples:
-            series = _counters.setdefault(metric, {})
+        for metric, labels, amount in fn(event):
+            series = _counters.get(metric)
+            if series is None:
+                series = _counters[metric] = {}
             if labels in series:
                 series[labels] += amount
             elif len(series) < MAX_SERIES:

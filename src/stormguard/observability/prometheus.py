@@ -32,7 +32,7 @@ class StormguardCollector:
             else:
                 family = GaugeMetricFamily(name, spec.help, labels=spec.labels)
             for labels in sorted(series):
-                family.add_metric(labels, series[labels])
+                family.add_metric([str(v) for v in labels], series[labels])
             yield family
 
     def describe(self) -> Iterator[Metric]:

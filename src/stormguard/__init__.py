@@ -42,6 +42,7 @@ from stormguard.stores import MemoryStore, Store
 from stormguard.stores.regional import RegionalStore
 
 if TYPE_CHECKING:
+    from stormguard.gateways import EnvoyChecker, load_envoy_config
     from stormguard.stores.redis import RedisClusterStore, RedisStore
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "ConfigError",
     "DeadlineExceeded",
     "Decision",
+    "EnvoyChecker",
     "Fallback",
     "MemoryStore",
     "Pipeline",
@@ -77,6 +79,7 @@ __all__ = [
     "Throttled",
     "Timeout",
     "TransientError",
+    "load_envoy_config",
     "observability",
 ]
 
@@ -89,4 +92,8 @@ def __getattr__(name: str) -> Any:
         from stormguard.stores import redis as _redis
 
         return getattr(_redis, name)
+    if name in ("EnvoyChecker", "load_envoy_config"):  # the gateways: on first use
+        from stormguard import gateways as _gateways
+
+        return getattr(_gateways, name)
     raise AttributeError(f"module 'stormguard' has no attribute {name!r}")

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Protocol
 
 from starlette.applications import Starlette
 
@@ -17,7 +18,16 @@ from stormguard.ratelimit.rules import CheckResult, Plan
 from stormguard.service.metrics import Metrics
 from stormguard.service.sources import RulesSource
 
-__all__ = ["ServiceBase"]
+__all__ = ["Companion", "ServiceBase"]
+
+
+class Companion(Protocol):
+    """A server that lives as long as the app, on its event loop (the gRPC rate-limit
+    service): started after the app's start-up, stopped before its shutdown."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
 
 log = logging.getLogger("stormguard.service")
 
@@ -36,6 +46,7 @@ class ServiceBase:
         self.top = SpaceSaving(validate.integer("top_keys", top_keys, maximum=1_000_000))
         """The most-denied keys (``GET /v1/top``): a bounded space-saving sketch."""
         self._started = False
+        self.companions: list[Companion] = []
         self._degraded_since: float | None = None
         self._degraded_n = 0
 
@@ -77,7 +88,13 @@ class ServiceBase:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await self.start()
+        started: list[Companion] = []
         try:
+            for companion in self.companions:
+                await companion.start()
+                started.append(companion)
             yield
         finally:
+            for companion in reversed(started):
+                await companion.stop()
             await self.stop()

@@ -39,6 +39,7 @@ from stormguard.resilience import (
 )
 from stormguard.resilience.pipeline import Pipeline
 from stormguard.stores import MemoryStore, Store
+from stormguard.stores.hybrid import HybridStore
 from stormguard.stores.regional import RegionalStore
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ __all__ = [
     "Decision",
     "EnvoyChecker",
     "Fallback",
+    "HybridStore",
     "MemoryStore",
     "Pipeline",
     "RateLimited",

@@ -142,12 +142,11 @@ SCHEMA: dict[str, MetricSpec] = {s.name: s for s in (
     _g("stormguard_queue_pending", _N, "Deferred-queue jobs pending", planned=True),
     _g("stormguard_queue_in_flight", _N, "Deferred-queue jobs in flight", planned=True),
     _g("stormguard_queue_dead", _N, "Deferred-queue jobs dead-lettered", planned=True),
-    _c("stormguard_hybrid_syncs", _N, "Hybrid store sync rounds", planned=True),
-    _c("stormguard_hybrid_keys_synced", _N, "Keys a hybrid store synced", planned=True),
-    _c("stormguard_hybrid_local_decisions", _N, "Decisions a hybrid store took locally",
-       planned=True),
+    _c("stormguard_hybrid_syncs", _N, "Hybrid store sync rounds"),
+    _c("stormguard_hybrid_keys_synced", _N, "Keys a hybrid store synced"),
+    _c("stormguard_hybrid_local_decisions", _N, "Decisions a hybrid store took locally"),
     _g("stormguard_hybrid_degraded", _N,
-       "1 while a hybrid store cannot sync (it decides on its outage share)", planned=True),
+       "1 while a hybrid store cannot sync (it decides on its outage share)"),
 )}
 
 Labels = tuple[str, ...]

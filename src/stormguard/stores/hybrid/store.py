@@ -381,12 +381,22 @@ class HybridStore(Store):
         return f"{key}\x00{self._home}", self._shard_rule(rule, self._home)
 
     # -- the local decision --------------------------------------------------------------
+    @staticmethod
+    def _rule_changed(e: _Entry, rule: Rule) -> None:
+        """The same counters under another limit (a regional share moved): the lease
+        taken under the old limit is given up (those units stay spent on the backend,
+        so the change can only under-admit), and the next check asks the backend."""
+        e.rule = rule
+        e.lease = 0
+
     def _fast(self, key: str, rule: Rule, cost: int, now: int) -> Decision | None:
         """The decision from memory, or None when the backend must be asked.
         Called with the lock held."""
         e = self._entries.get((rule._id, key))
         if e is None:
             return None
+        if e.rule is not rule and e.rule != rule:
+            self._rule_changed(e, rule)
         e.demand += cost
         if not e.dirty:
             e.dirty = True
@@ -645,6 +655,8 @@ class HybridStore(Store):
         try:
             e = self._get((rule._id, key))
             if e is not None:
+                if e.rule is not rule and e.rule != rule:
+                    self._rule_changed(e, rule)
                 e.demand += cost
                 if not e.dirty:
                     e.dirty = True

@@ -5,7 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 # first: decides whether the compiled hot path may be imported (see stormguard._speedups)
-from stormguard import _speedups  # noqa: F401
+from stormguard import (
+    _speedups,  # noqa: F401
+    observability,
+)
 from stormguard._core.clock import Clock, SystemClock
 from stormguard._core.errors import (
     BulkheadFull,
@@ -86,6 +89,7 @@ __all__ = [
     "Timeout",
     "TransientError",
     "load_envoy_config",
+    "observability",
 ]
 
 __version__ = "0.1.0"

@@ -175,6 +175,9 @@ def test_wheel_holds_the_lua_scripts_and_the_compiled_hot_path(tmp_path: Path) -
     for p in lua.iterdir():
         if p.name.endswith(".lua"):
             assert f"stormguard/stores/redis/lua/{p.name}" in names
+    # the dashboard's page and assets (served from the package: no CDN)
+    for asset in ("dashboard.html", "dashboard.js", "dashboard.css"):
+        assert f"stormguard/service/static/{asset}" in names
     # the build compiled the hot path (hatch_build.py): extension modules, their manifest,
     # the sources they were built from, and a platform tag
     assert "stormguard/_speedups.json" in names

@@ -39,6 +39,7 @@ from stormguard._core.breaker import CLOSED, STATES, BreakerMachine
 from stormguard._core.clock import Clock
 from stormguard._core.errors import BulkheadFull, CircuitOpen, ShaperFull, Shed, Throttled
 from stormguard.observability.events import CallRejected, Listener, StateChanged
+from stormguard.observability.metrics import track
 from stormguard.resilience._base import (
     Args,
     AsyncNext,
@@ -83,6 +84,7 @@ class CircuitBreaker(Policy):
             window, failure_rate, min_calls, open_for, half_open_calls, slow_call_duration,
             slow_call_rate, window_type=window_type, name=name, clock=self._clock,
             on_change=self._on_change, on_reject=self._on_reject)
+        track(self, "breaker")
 
     def __repr__(self) -> str:
         return (f"CircuitBreaker(name={self.name!r}, state={self.state!r}, "

@@ -588,3 +588,28 @@ def test_a_hybrid_store_reports_its_syncs() -> None:
         stats["local_decisions"]
     assert value(p, "stormguard_hybrid_degraded", name="edge-hybrid") == 0
     store.close()
+
+
+def test_a_real_shaper_reports_its_queue_waits_and_rejections() -> None:
+    """A Shaper on a FakeClock: 3 calls at 10/s with max_wait 0.15 s: the first leaves at
+    once, the second waits 0.1 s, the third would wait 0.2 s and is rejected."""
+    from stormguard import Shaper, ShaperFull
+
+    registry = CollectorRegistry()
+    observability.enable_prometheus(registry)
+    clock = FakeClock()
+    shaper = Shaper(rate=10, per=1.0, max_wait=0.15, name="sms-provider", clock=clock)
+
+    async def burst() -> list[object]:
+        async def one() -> str:
+            return "sent"
+        return await asyncio.gather(*(shaper.acall(one) for _ in range(3)),
+                                    return_exceptions=True)
+
+    results = clock.run(burst())
+    assert results[:2] == ["sent", "sent"]
+    assert isinstance(results[2], ShaperFull)
+    p = prom(registry)
+    assert value(p, "stormguard_shaper_waits_total", name="sms-provider") == 1
+    assert value(p, "stormguard_shaper_rejected_total", name="sms-provider") == 1
+    assert value(p, "stormguard_shaper_queue_depth", name="sms-provider") == 0

@@ -136,9 +136,9 @@ SCHEMA: dict[str, MetricSpec] = {s.name: s for s in (
     _c("stormguard_throttled", _N, "Calls client-side throttling rejected locally"),
     # components built alongside: wired below (STATS_METRICS); they report once their
     # constructors call track(self, kind) (planned until then)
-    _g("stormguard_shaper_queue_depth", _N, "Calls waiting in a shaper", planned=True),
-    _c("stormguard_shaper_waits", _N, "Calls a shaper delayed", planned=True),
-    _c("stormguard_shaper_rejected", _N, "Calls a shaper rejected", planned=True),
+    _g("stormguard_shaper_queue_depth", _N, "Calls waiting in a shaper"),
+    _c("stormguard_shaper_waits", _N, "Calls a shaper delayed"),
+    _c("stormguard_shaper_rejected", _N, "Calls a shaper rejected"),
     _g("stormguard_queue_pending", _N, "Deferred-queue jobs pending", planned=True),
     _g("stormguard_queue_in_flight", _N, "Deferred-queue jobs in flight", planned=True),
     _g("stormguard_queue_dead", _N, "Deferred-queue jobs dead-lettered", planned=True),

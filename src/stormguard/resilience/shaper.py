@@ -45,6 +45,7 @@ from stormguard.observability.events import (
     ShaperRejected,
     ShaperWaited,
 )
+from stormguard.observability.metrics import track
 from stormguard.ratelimit.rule import Rule
 from stormguard.resilience._base import Args, AsyncNext, Kwargs, Next, Policy
 from stormguard.stores import Store, from_url
@@ -149,6 +150,7 @@ class Shaper(Policy):
         self._fallback: _Schedule | None = None
         self._redis = False
         self._shaping: Any = None  # stores/redis/shaping.py, for a Redis store
+        track(self, "shaper")  # metrics: queue depth, waits, rejections (its stats())
         if store is None:
             if key is not None:
                 raise ConfigError("key", key, "only means something with store=")

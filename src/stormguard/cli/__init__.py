@@ -1,4 +1,5 @@
-"""The ``stormguard`` command: ``serve``, ``check``, ``rules validate``, ``simulate``.
+"""The ``stormguard`` command: ``serve``, ``check``, ``rules validate``, ``queue``,
+``simulate``.
 
 Exit codes: 0 success (``check``: allowed), 1 denied or invalid rules, 2 bad usage
 (flags, unreadable files, bad configuration), 3 the store failed, 4 ``serve`` could not
@@ -46,7 +47,7 @@ class _Parser(argparse.ArgumentParser):
         ns, extra = self.parse_known_args(args, namespace)
         if extra:
             sub: argparse.ArgumentParser = self
-            for name in ("command", "rules_command"):
+            for name in ("command", "rules_command", "queue_command"):
                 choices = getattr(sub, "subcommands", {})
                 if getattr(ns, name, None) in choices:
                     sub = choices[getattr(ns, name)]
@@ -138,6 +139,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default=_env("STORMGUARD_LOG_LEVEL", "info"),
                        choices=("critical", "error", "warning", "info", "debug"),
                        help="[env STORMGUARD_LOG_LEVEL]")
+    serve.add_argument("--log-format", choices=("text", "json"),
+                       default=_env("STORMGUARD_LOG_FORMAT", "text"),
+                       help="text (default) or json: one JSON object per line, for the "
+                       "service's and uvicorn's lines alike [env STORMGUARD_LOG_FORMAT]")
 
     check = sub.add_parser("check", help="one check of KEY against RULE",
                            description="Check (and consume) KEY against RULE: a rule name "
@@ -157,14 +162,41 @@ def _parser() -> argparse.ArgumentParser:
     rsub.required = True
     validate = rsub.add_parser("validate", help="check a rules file; exit 1 if invalid")
     validate.add_argument("file")
+    queue = _queue_parser(sub)
 
     from stormguard.cli import simulate
 
     simulate_parser = simulate.add_parser(sub)
-    p.subcommands = {"serve": serve, "check": check, "rules": rules}
+    p.subcommands = {"serve": serve, "check": check, "rules": rules, "queue": queue}
     p.subcommands["simulate"] = simulate_parser
     rules.subcommands = {"validate": validate}
     return p
+
+
+def _queue_parser(sub: Any) -> argparse.ArgumentParser:
+    """``stormguard queue stats|dead|retry-dead URL`` (the commands are in cli/queue.py)."""
+    queue: _Parser = sub.add_parser(
+        "queue", help="inspect a deferred-work queue",
+        description="Inspect a DeferredQueue: sqlite:///path/file.db, redis://host:6379/0 "
+        "(--stream) or redis+cluster://h1:p1,h2:p2. Exit 3 when the queue's storage fails.")
+    qsub = queue.add_subparsers(dest="queue_command", metavar="SUBCOMMAND",
+                                parser_class=_Parser)
+    qsub.required = True
+    helps = {"stats": "pending, in-flight and dead job counts (JSON)",
+             "dead": "the dead letters: task, payload, attempts, last error",
+             "retry-dead": "put every dead letter back to pending (attempts reset)"}
+    for name, text in helps.items():
+        cmd = qsub.add_parser(name, help=text, description=text)
+        cmd.add_argument("url", help="the queue URL")
+        cmd.add_argument("--stream", default=None,
+                         help="Redis: the queue's stream name (default stormguard:deferred)")
+        if name == "dead":
+            cmd.add_argument("--json", action="store_true",
+                             help="one JSON object per dead letter, one per line")
+            cmd.add_argument("--limit", type=int, default=1000,
+                             help="at most this many (default 1000)")
+        queue.subcommands[name] = cmd
+    return queue
 
 
 def _load_rules(path: str | None) -> Any:
@@ -272,10 +304,30 @@ def serve_setup(args: argparse.Namespace) -> tuple[Any, Any]:
     # X-Forwarded-For for connections from 127.0.0.1 (the service takes the client's
     # attributes from the check's body; nothing should trust a header for them)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            **_uvicorn_logging(args),
                             lifespan="on", timeout_graceful_shutdown=10,
                             server_header=False, http=args.http, proxy_headers=False,
                             h11_max_incomplete_event_size=MAX_HEAD)
     return config, limiter
+
+
+JSON_LOG_CONFIG: dict[str, Any] = {
+    "version": 1, "disable_existing_loggers": False,
+    "formatters": {"json": {"()": "stormguard.observability.logs.JsonFormatter"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json",
+                            "stream": "ext://sys.stderr"}},
+    "loggers": {name: {"handlers": ["stderr"], "level": "INFO", "propagate": False}
+                for name in ("uvicorn", "uvicorn.error", "uvicorn.access")},
+}
+"""uvicorn's loggers as JSON lines too (``serve --log-format json``)."""
+
+
+def _uvicorn_logging(args: argparse.Namespace) -> dict[str, Any]:
+    """uvicorn.Config's logging options: its own by default, JSON lines with
+    ``--log-format json``."""
+    if getattr(args, "log_format", "text") == "json":
+        return {"log_config": JSON_LOG_CONFIG}
+    return {}
 
 
 def _envoy_setup(args: argparse.Namespace) -> Any:
@@ -354,14 +406,17 @@ def _gateways_setup(args: argparse.Namespace, app: Any, limiter: Any, envoy: Any
 
 
 @contextlib.contextmanager
-def _log_to_stderr(level: str) -> Iterator[None]:
-    """The service's own log lines (stormguard.*) to stderr, formatted like uvicorn's,
-    while ``serve`` runs."""
+def _log_to_stderr(level: str, fmt: str = "text") -> Iterator[None]:
+    """The service's own log lines (stormguard.*) to stderr, formatted like uvicorn's
+    (``fmt="json"``: one JSON object per line), while ``serve`` runs."""
     from uvicorn.logging import DefaultFormatter
+
+    from stormguard.observability.logs import JsonFormatter
 
     logger = logging.getLogger("stormguard")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s"))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else
+                         DefaultFormatter("%(levelprefix)s %(message)s"))
     previous = logger.level
     logger.addHandler(handler)
     logger.setLevel(level.upper())
@@ -373,7 +428,7 @@ def _log_to_stderr(level: str) -> Iterator[None]:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    with _log_to_stderr(args.log_level):
+    with _log_to_stderr(args.log_level, getattr(args, "log_format", "text")):
         return _run_server(args)
 
 
@@ -493,6 +548,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(args)
     if args.command == "check":
         return _check(args)
+    if args.command == "queue":
+        from stormguard.cli.queue import run
+
+        return run(args)
     if args.command == "simulate":
         from stormguard.cli import simulate
 

@@ -12,8 +12,15 @@ that docs/performance.md quotes.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
-from stormguard.sim.fleet import FULL_RATE, simulate
+HERE = os.path.dirname(os.path.abspath(__file__))
+# bench/queue.py would shadow the standard library's queue (stormguard's Bulkhead imports
+# it), as bench/redis.py would redis-py: keep this directory off the path
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
+
+from stormguard.sim.fleet import FULL_RATE, simulate  # noqa: E402
 
 
 def main() -> None:

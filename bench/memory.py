@@ -4,7 +4,9 @@
     PYTHONPATH=src python bench/memory.py --quick   # fewer iterations, 10,000 keys
     STORMGUARD_PURE=1 PYTHONPATH=src python bench/memory.py --no-peers   # pure-Python hot path
 
-For every algorithm, on the allowed and the denied path, with 1 key and with 100,000
+The ``hybrid`` column is :class:`HybridStore` over a MemoryStore (its local decision;
+``hyb/mem`` = hybrid / stormguard, the cost of deciding on a lease rather than in the
+store itself). For every algorithm, on the allowed and the denied path, with 1 key and with 100,000
 keys (cycled round-robin, all created before timing), single thread: the minimum over
 several repeats of (time of a loop of N checks) / N, in µs per check. Peers, in the same
 process, on their comparable algorithms, each with its in-memory storage:
@@ -33,7 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from stormguard import MemoryStore, Rule, _speedups
+from stormguard import HybridStore, MemoryStore, Rule, _speedups
 from stormguard import __version__ as sg_version
 
 Check = Callable[[str], Any]
@@ -49,6 +51,19 @@ LOG_CAP = 2_000
 
 
 # -- stormguard -------------------------------------------------------------------------
+
+def hybrid(algorithm: str) -> Factory:
+    """HybridStore over a MemoryStore backend, no background sync: the local decision
+    (the backend is asked when a lease runs out; leases double while demand lasts)."""
+    def make(limit: int, window: int) -> Check:
+        store = HybridStore(MemoryStore(max_keys=1_000_000), sync_interval=None,
+                            max_keys=1_000_000)
+        store.sync()  # what the sync thread does first: count the processes
+        rule = Rule(limit=limit, window=window, algorithm=algorithm)
+        hit = store.hit
+        return lambda key: hit(key, rule)
+    return make
+
 
 def stormguard(algorithm: str) -> Factory:
     def make(limit: int, window: int) -> Check:
@@ -230,11 +245,13 @@ def main() -> None:
     print(f"µs per check, min of {repeats} x {n:,} checks; ratio = peer fastest / stormguard")
     print()
     header = (f"{'algorithm':<24}{'path':<9}{'keys':>8}{'stormguard':>12}{'limits':>10}"
-              f"{'throttled':>11}{'pyrate':>10}{'fastest peer':>14}{'ratio':>8}")
+              f"{'throttled':>11}{'pyrate':>10}{'fastest peer':>14}{'ratio':>8}"
+              f"{'hybrid':>9}{'hyb/mem':>9}")
     print(header)
     print("-" * len(header))
     for algorithm in args.algorithms.split(","):
-        contenders: dict[str, Factory] = {"stormguard": stormguard(algorithm)}
+        contenders: dict[str, Factory] = {"stormguard": stormguard(algorithm),
+                                          "hybrid": hybrid(algorithm)}
         if not args.no_peers:
             contenders.update({name: f() for name, f in PEERS[algorithm].items()})
         for make in contenders.values():
@@ -248,7 +265,7 @@ def main() -> None:
                     n_run = LOG_CAP * n_keys
                     rep = min(4 * repeats, repeats * n // n_run)
                 row = measure_row(contenders, allowed, n_keys, n_run, rep)
-                peers = {k: v for k, v in row.items() if k != "stormguard"}
+                peers = {k: v for k, v in row.items() if k not in ("stormguard", "hybrid")}
                 fastest = min(peers, key=lambda k: peers[k]) if peers else None
                 cells = "".join(
                     f"{row[name]:>{w}.2f}" if name in row else f"{'-':>{w}}"
@@ -256,7 +273,8 @@ def main() -> None:
                                     ("pyrate-limiter", 10)))
                 ratio = f"{peers[fastest] / row['stormguard']:>7.1f}x" if fastest else ""
                 print(f"{algorithm:<24}{'allowed' if allowed else 'denied':<9}{n_keys:>8,}"
-                      f"{row['stormguard']:>12.2f}{cells}{fastest or '-':>16}{ratio:>8}")
+                      f"{row['stormguard']:>12.2f}{cells}{fastest or '-':>16}{ratio:>8}"
+                      f"{row['hybrid']:>9.2f}{row['hybrid'] / row['stormguard']:>8.2f}x")
                 sys.stdout.flush()
 
 

@@ -37,9 +37,11 @@ from stormguard.resilience import (
 )
 from stormguard.resilience.pipeline import Pipeline
 from stormguard.stores import MemoryStore, Store
+from stormguard.stores.hybrid import HybridStore
 from stormguard.stores.regional import RegionalStore
 
 if TYPE_CHECKING:
+    from stormguard.gateways import EnvoyChecker, load_envoy_config
     from stormguard.stores.redis import RedisClusterStore, RedisStore
 
 __all__ = [
@@ -57,7 +59,9 @@ __all__ = [
     "Decision",
     "Deferred",
     "DeferredQueue",
+    "EnvoyChecker",
     "Fallback",
+    "HybridStore",
     "MemoryStore",
     "Pipeline",
     "RateLimited",
@@ -77,6 +81,7 @@ __all__ = [
     "Throttled",
     "Timeout",
     "TransientError",
+    "load_envoy_config",
 ]
 
 __version__ = "0.1.0"
@@ -88,4 +93,8 @@ def __getattr__(name: str) -> Any:
         from stormguard.stores import redis as _redis
 
         return getattr(_redis, name)
+    if name in ("EnvoyChecker", "load_envoy_config"):  # the gateways: on first use
+        from stormguard import gateways as _gateways
+
+        return getattr(_gateways, name)
     raise AttributeError(f"module 'stormguard' has no attribute {name!r}")

@@ -24,11 +24,12 @@ ALGOS = sorted(ALGORITHMS)
 def test_lua_files_are_package_data() -> None:
     lua = importlib.resources.files("stormguard.stores.redis") / "lua"
     names = sorted(p.name for p in lua.iterdir() if p.name.endswith(".lua"))
-    assert names == ["fixed_window.lua", "gcra.lua", "leaky_bucket.lua", "main.lua",
-                     "prelude.lua", "reserve.lua", "sliding_window_counter.lua",
+    assert names == ["fixed_window.lua", "gcra.lua", "leaky_bucket.lua", "lease.lua",
+                     "main.lua", "prelude.lua", "reserve.lua", "sliding_window_counter.lua",
                      "sliding_window_log.lua", "token_bucket.lua"]
     for name in names:
-        if name != "reserve.lua":  # the reservation's entry point (test_reserve_lua.py)
+        # the reservation's and the hybrid store's lease entry points (their own scripts)
+        if name not in ("reserve.lua", "lease.lua"):
             assert lua.joinpath(name).read_text(encoding="utf-8") in SCRIPT
 
 

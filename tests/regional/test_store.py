@@ -564,3 +564,35 @@ def test_a_restart_that_lost_its_report_takes_no_old_acknowledgement(
         regions.run_interval({"us": 1600, "eu": 200, "ap": 1600})
         total = sum(world.stores[r].shares(regions.key, RULE)[r] for r in REGIONS)
         assert total <= 1 + 1e-9
+
+
+def test_a_share_change_carries_the_count_over_a_hybrid_store(clock: FakeClock) -> None:
+    """A region's local store may be a HybridStore: a scaled rule keeps its counters
+    there too (leases are taken from the same backend counter), for the window
+    algorithms it decides locally. A sharded HybridStore cannot follow demand shares
+    (its shard counters are named by their limits) and is refused."""
+    from stormguard import HybridStore
+
+    backend = MemoryStore(clock=clock)
+    hybrid = HybridStore(backend, sync_interval=None, clock=clock)
+    us = RegionalStore(region="us", stores={"us": hybrid, "eu": MemoryStore(clock=clock)},
+                       clock=clock, sync_interval=None)
+    for algorithm in ("fixed_window", "sliding_window_counter"):
+        rule = Rule(300, 60, algorithm=algorithm)
+        big, small = us._scale(rule, 0.6), us._scale(rule, 0.2)
+        key = f"hybrid-carry-{algorithm}"
+        assert sum(hybrid.hit(key, big).allowed for _ in range(100)) == 100
+        hybrid.sync()
+        assert sum(hybrid.hit(key, small).allowed for _ in range(100)) == 0, algorithm
+    hybrid.close()
+    with pytest.raises(ConfigError, match="shards"):
+        RegionalStore(region="us", stores={"us": HybridStore(backend, sync_interval=None,
+                                                             shards=3, clock=clock),
+                                           "eu": MemoryStore(clock=clock)},
+                      clock=clock, sync_interval=None)
+    static = RegionalStore(region="us", split="static", weights={"us": 0.5, "eu": 0.5},
+                           stores={"us": HybridStore(backend, sync_interval=None, shards=3,
+                                                     clock=clock),
+                                   "eu": MemoryStore(clock=clock)},
+                           clock=clock, sync_interval=None)
+    assert static.local_rule("k", Rule(300, 60)).limit == 150

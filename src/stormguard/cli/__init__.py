@@ -117,6 +117,25 @@ def _parser() -> argparse.ArgumentParser:
                        help="HTTP parser: h11 (default) bounds the request line + headers "
                        "to 16 KiB; httptools is about 2-3x faster but reads headers of any "
                        "size: only behind a proxy that bounds them [env STORMGUARD_HTTP]")
+    serve.add_argument("--grpc-port", type=_port, default=_env("STORMGUARD_GRPC_PORT"),
+                       help="also serve Envoy's rate-limit service (gRPC, "
+                       "envoy.service.ratelimit.v3) on this port, same host, store and rules "
+                       "[env STORMGUARD_GRPC_PORT]")
+    serve.add_argument("--envoy-config", default=_env("STORMGUARD_ENVOY_CONFIG"),
+                       metavar="DIR",
+                       help="envoyproxy/ratelimit configuration: a directory of YAML files "
+                       "(or one file) in its format, for the gRPC service "
+                       "[env STORMGUARD_ENVOY_CONFIG]")
+    serve.add_argument("--envoy-headers", action="store_true",
+                       default=_env("STORMGUARD_ENVOY_HEADERS", "") not in ("", "0"),
+                       help="add the RateLimit headers (and Retry-After) to gRPC answers' "
+                       "response_headers_to_add, as envoyproxy/ratelimit's "
+                       "LIMIT_RESPONSE_HEADERS_ENABLED [env STORMGUARD_ENVOY_HEADERS=1]")
+    serve.add_argument("--trusted-proxies", default=_env("STORMGUARD_TRUSTED_PROXIES", ""),
+                       metavar="ADDRS",
+                       help="comma-separated addresses or networks (127.0.0.1,10.0.0.0/8) "
+                       "whose X-Original-Method / X-Original-URI / X-Real-IP headers "
+                       "/v1/auth believes (nginx auth_request) [env STORMGUARD_TRUSTED_PROXIES]")
     serve.add_argument("--log-level", default=_env("STORMGUARD_LOG_LEVEL", "info"),
                        choices=("critical", "error", "warning", "info", "debug"),
                        help="[env STORMGUARD_LOG_LEVEL]")
@@ -222,6 +241,14 @@ def serve_setup(args: argparse.Namespace) -> tuple[Any, Any]:
 
     if args.rules is not None and args.sample_rules:
         raise _Refused("--rules and --sample-rules: give one of them")
+    proxies = [p.strip() for p in (args.trusted_proxies or "").split(",") if p.strip()]
+    try:
+        from stormguard.integrations.clientip import ClientIP
+
+        ClientIP(proxies)
+    except ConfigError as exc:
+        raise _Refused(f"--trusted-proxies: {exc.problem} (got {exc.value!r})") from None
+    envoy = _envoy_setup(args)
     redis_store = args.store.split("://", 1)[0].lower() != "memory"
     rules: Any = None
     try:
@@ -236,7 +263,7 @@ def serve_setup(args: argparse.Namespace) -> tuple[Any, Any]:
     store = redact(args.store)
     if redis_store:
         log.info("stormguard: store %s: counters shared by every instance on it", store)
-        app = create_app(limiter, rules, rules_url=args.store)
+        app = create_app(limiter, rules, rules_url=args.store, trusted_proxies=proxies)
         key = getattr(app.service.source, "key", "stormguard:rules")
         if args.rules is not None:
             log.info("stormguard: rules in Redis (%s on %s); %s seeds them if Redis holds "
@@ -254,16 +281,17 @@ def serve_setup(args: argparse.Namespace) -> tuple[Any, Any]:
                  "" if workers is None or workers <= 1 else
                  f" (WARNING: {workers} workers: each counts on its own)")
         if args.rules is not None:
-            app = create_app(limiter, rules_path=args.rules)
+            app = create_app(limiter, rules_path=args.rules, trusted_proxies=proxies)
             log.info("stormguard: rules from %s (%d rules); control-plane edits are "
                      "written back to it", args.rules, len(rules))
         else:
-            app = create_app(limiter, rules)
+            app = create_app(limiter, rules, trusted_proxies=proxies)
             log.warning("stormguard: serving the packaged SAMPLE rules (%s), an example, not "
                         "your limits: pass --rules FILE; control-plane edits stay in memory",
                         ", ".join(r.name for r in rules))
     if rules is not None and len(rules) == 0:
         log.warning("stormguard: the rules hold no rule: every check is allowed")
+    _gateways_setup(args, app, limiter, envoy, proxies)
     # h11 by default: it bounds the request line + headers (MAX_HEAD bytes, then 400 and
     # close; httptools reads headers of any size), and parses a pipelined request only
     # after the one before it was answered (httptools parses ahead: junk after a request
@@ -276,6 +304,81 @@ def serve_setup(args: argparse.Namespace) -> tuple[Any, Any]:
                             server_header=False, http=args.http, proxy_headers=False,
                             h11_max_incomplete_event_size=MAX_HEAD)
     return config, limiter
+
+
+def _envoy_setup(args: argparse.Namespace) -> Any:
+    """The Envoy configuration ``serve`` loads (None without ``--envoy-config``); refuses
+    Envoy flags without ``--grpc-port``, and a missing ``grpc`` extra."""
+    if args.grpc_port is None:
+        for flag, given in (("--envoy-config", args.envoy_config is not None),
+                            ("--envoy-headers", args.envoy_headers)):
+            if given:
+                raise _Refused(f"{flag} needs --grpc-port (the Envoy rate-limit service is "
+                               "served over gRPC)")
+        return None
+    try:
+        import grpc  # noqa: F401
+        from envoy.service.ratelimit.v3 import rls_pb2  # noqa: F401
+        from grpc_health.v1 import health  # noqa: F401
+    except ImportError as exc:
+        raise _Refused(f"--grpc-port needs grpcio and xds-protos (the 'grpc' extra): {exc}"
+                       ) from None
+    if args.grpc_port == args.port and args.port != 0:
+        raise _Refused(f"--grpc-port {args.grpc_port}: the HTTP port (--port) already; give "
+                       "the gRPC service a port of its own")
+    if args.envoy_config is None:
+        return None
+    from stormguard.gateways.envoy import load_envoy_config
+
+    try:
+        return load_envoy_config(args.envoy_config)
+    except ConfigError as exc:
+        raise _Refused(f"--envoy-config: {exc}") from None
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Refuse a gRPC port that another process holds, before serving starts (the gRPC
+    server binds it only in the app's start-up, where a failure is a traceback)."""
+    import socket
+
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise _Refused(f"could not serve gRPC on {host}:{port}: {exc.strerror or exc} "
+                           "(is the port in use?)", EXIT_LISTEN) from None
+
+
+def _gateways_setup(args: argparse.Namespace, app: Any, limiter: Any, envoy: Any,
+                    proxies: list[str]) -> None:
+    """Log the trusted proxies; add the gRPC rate-limit service to the app."""
+    if proxies:
+        log.info("stormguard: /v1/auth believes X-Original-* / X-Real-IP from %s",
+                 ", ".join(proxies))
+    if args.grpc_port is not None:
+        from stormguard.gateways.grpc import RateLimitServer
+
+        _check_port_free(args.host, args.grpc_port)
+        from stormguard.gateways.rls import EnvoyChecker
+
+        checker = EnvoyChecker(limiter, envoy, app.service.source)
+        app.service.companions.append(RateLimitServer(
+            checker, args.grpc_port, args.host, headers=args.envoy_headers,
+            metrics=app.service.metrics))
+        if envoy is not None:
+            from stormguard.gateways.watch import EnvoyConfigWatcher
+
+            app.service.companions.append(EnvoyConfigWatcher(args.envoy_config, checker))
+            log.info("stormguard: Envoy configuration from %s: domains %s (%d limits); "
+                     "reloaded when its files change",
+                     args.envoy_config, ", ".join(sorted(envoy.domains)), len(envoy.limits()))
+        else:
+            log.info("stormguard: no --envoy-config: the gRPC service answers the domain "
+                     "'stormguard' from the rules, every other domain OK with no limit")
 
 
 @contextlib.contextmanager

@@ -18,9 +18,11 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from stormguard.integrations.asgi import check_async_limiter
+from stormguard.integrations.clientip import ClientIP
 from stormguard.ratelimit.limiter import AsyncRateLimiter, RateLimiter
 from stormguard.ratelimit.rules import RuleSet, RuleSpec
 from stormguard.service.admin import AdminEndpoints
+from stormguard.service.auth import AUTH_METHODS, AuthEndpoints
 from stormguard.service.check import MAX_BATCH, CheckEndpoints
 from stormguard.service.http import (
     MAX_BODY,
@@ -40,9 +42,10 @@ __all__ = ["MAX_BATCH", "MAX_BODY", "ApiError", "Service", "ServiceApp", "create
 _FROM_ENV: Any = object()
 
 
-class Service(CheckEndpoints, AdminEndpoints, OpsEndpoints):
+class Service(AuthEndpoints, CheckEndpoints, AdminEndpoints, OpsEndpoints):
     """The state behind one app (limiter, rules source, metrics, admin token) and its
-    endpoints: the check API, the control plane and the operations endpoints."""
+    endpoints: the check API, nginx's auth_request, the control plane and the operations
+    endpoints."""
 
 
 def create_app(limiter: AsyncRateLimiter | RateLimiter | None = None,
@@ -53,7 +56,8 @@ def create_app(limiter: AsyncRateLimiter | RateLimiter | None = None,
                rules_url: str | None = None,
                rules_prefix: str = "stormguard",
                poll_interval: float | None = None,
-               metrics: Metrics | None = None) -> ServiceApp:
+               metrics: Metrics | None = None,
+               trusted_proxies: Iterable[str] = ()) -> ServiceApp:
     """Build the service app.
 
     * ``limiter``: an :class:`AsyncRateLimiter` (or a blocking :class:`RateLimiter` over a
@@ -66,6 +70,8 @@ def create_app(limiter: AsyncRateLimiter | RateLimiter | None = None,
     * ``rules_url``: a Redis URL: the rules live in Redis and every instance picks up
       changes within ``poll_interval`` (0.25 s) seconds; ``rules``/``rules_path`` only
       seed an empty Redis.
+    * ``trusted_proxies``: addresses or networks (``127.0.0.1``, ``10.0.0.0/8``) whose
+      ``X-Original-*`` / ``X-Real-IP`` headers ``/v1/auth`` believes (nginx).
     """
     if limiter is None:
         limiter = AsyncRateLimiter("memory://")
@@ -89,10 +95,12 @@ def create_app(limiter: AsyncRateLimiter | RateLimiter | None = None,
     else:
         source = MemoryRules(initial)
     service = Service(limiter, source, admin_token, metrics or Metrics())
+    service.auth_proxies = ClientIP(trusted_proxies)
     s = service
     routes = [
         Route("/v1/check", RawEndpoint(s.check), methods=["POST"]),  # 405 for other methods
         Route("/v1/check/batch", handle(s.check_batch), methods=["POST"]),
+        Route("/v1/auth", handle(s.auth), methods=AUTH_METHODS),  # nginx auth_request
         Route("/v1/reset", handle(s.reset_counters), methods=["POST"]),
         # one route per path, dispatching on the method, so a 405 lists every method
         Route("/v1/rules", by_method(GET=s.get_rules, PUT=s.put_rules),

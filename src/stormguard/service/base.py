@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Protocol
 
 from starlette.applications import Starlette
 
@@ -12,7 +13,16 @@ from stormguard.ratelimit.limiter import AsyncRateLimiter, RateLimiter
 from stormguard.service.metrics import Metrics
 from stormguard.service.sources import RulesSource
 
-__all__ = ["ServiceBase"]
+__all__ = ["Companion", "ServiceBase"]
+
+
+class Companion(Protocol):
+    """A server that lives as long as the app, on its event loop (the gRPC rate-limit
+    service): started after the app's start-up, stopped before its shutdown."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
 
 
 class ServiceBase:
@@ -27,6 +37,7 @@ class ServiceBase:
             else None
         self.metrics = metrics
         self._started = False
+        self.companions: list[Companion] = []
 
     async def start(self) -> None:
         if not self._started:
@@ -41,7 +52,13 @@ class ServiceBase:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await self.start()
+        started: list[Companion] = []
         try:
+            for companion in self.companions:
+                await companion.start()
+                started.append(companion)
             yield
         finally:
+            for companion in reversed(started):
+                await companion.stop()
             await self.stop()

@@ -218,6 +218,23 @@ def _document() -> dict[str, Any]:
                                          "404": _answer("Unknown rule", _ref("Error")),
                                          **_ADMIN_ERRORS}},
             },
+            # nginx's subrequest keeps the original method unless proxy_method GET: every
+            # method answers the same
+            "/v1/auth": {method: {
+                "summary": "nginx auth_request: may the original request pass? (the "
+                           "X-Original-* / X-Real-IP / X-Stormguard-* headers are believed "
+                           "only from trusted proxies)",
+                "parameters": [{"name": h, "in": "header", "required": False,
+                                "schema": {"type": "string"}} for h in (
+                                    "X-Original-Method", "X-Original-URI", "X-Real-IP",
+                                    "X-Stormguard-User", "X-Stormguard-Api-Key",
+                                    "X-Stormguard-Tier")],
+                "responses": {"204": {"description": "Allowed",
+                                      "headers": _RATE_LIMIT_HEADERS},
+                              "403": {**_answer("Rate limited (Retry-After)", _ref("Error")),
+                                      "headers": _RATE_LIMIT_HEADERS},
+                              "400": _answer("X-Real-IP is not an address", _ref("Error"))}}
+                for method in ("get", "head", "post", "put", "patch", "delete", "options")},
             "/healthz": {"get": {"summary": "The process is up",
                                  "responses": {"200": _answer("ok")}}},
             "/readyz": {"get": {"summary": "The store answers",

@@ -37,6 +37,12 @@ _REGISTRY: dict[str, str | StoreFactory] = {
     "unix": "stormguard.stores.redis:RedisStore.from_url",
     "redis+cluster": "stormguard.stores.redis:RedisClusterStore.from_url",
     "rediss+cluster": "stormguard.stores.redis:RedisClusterStore.from_url",
+    "hybrid+memory": "stormguard.stores.hybrid:HybridStore.from_url",
+    "hybrid+redis": "stormguard.stores.hybrid:HybridStore.from_url",
+    "hybrid+rediss": "stormguard.stores.hybrid:HybridStore.from_url",
+    "hybrid+unix": "stormguard.stores.hybrid:HybridStore.from_url",
+    "hybrid+redis+cluster": "stormguard.stores.hybrid:HybridStore.from_url",
+    "hybrid+rediss+cluster": "stormguard.stores.hybrid:HybridStore.from_url",
     "stormguard+http": "stormguard.client:ServiceStore.from_url",
     "stormguard+https": "stormguard.client:ServiceStore.from_url",
 }

@@ -18,7 +18,8 @@ from stormguard._core import validate
 from stormguard.ratelimit.rule import Rule
 from stormguard.stores.redis import scripts
 
-__all__ = ["RESERVE_SCRIPT", "RESERVE_SCRIPT_NAME", "SCRIPT", "SCRIPT_NAME", "TimeSource",
+__all__ = ["LEASE", "LEASE_SCRIPT", "LEASE_SCRIPT_NAME", "RESERVE_SCRIPT", "RESERVE_SCRIPT_NAME",
+           "SCRIPT", "SCRIPT_NAME", "TimeSource",
            "bulk", "load_script", "rule_args", "tag"]
 
 TimeSource = Literal["server", "client"]
@@ -60,6 +61,13 @@ RESERVE_SCRIPT_NAME = "stormguard.reserve"
 RESERVE_SCRIPT = load_script(("prelude.lua", "token_bucket.lua", "gcra.lua",
                               "leaky_bucket.lua", "reserve.lua"))
 RESERVE = scripts.register(RESERVE_SCRIPT_NAME, RESERVE_SCRIPT)
+
+#: The hybrid store's leases (``lua/lease.lua`` over the five algorithms it decides
+#: locally, on the rate-limit script's own keys and state).
+LEASE_SCRIPT_NAME = "stormguard.lease"
+LEASE_SCRIPT = load_script(("prelude.lua", "fixed_window.lua", "sliding_window_counter.lua",
+                            "token_bucket.lua", "gcra.lua", "leaky_bucket.lua", "lease.lua"))
+LEASE = scripts.register(LEASE_SCRIPT_NAME, LEASE_SCRIPT)
 
 
 def rule_args(rule: Rule) -> tuple[str, int, int, int]:

@@ -85,6 +85,15 @@ def _check_regions(stores: object) -> dict[str, Any]:
     return dict(stores)
 
 
+def _check_local(split: str, own: Store) -> None:
+    if split == "demand" and getattr(own, "shards", 1) != 1:
+        # a sharded HybridStore splits each rule into per-shard rules whose counters are
+        # named by their own limits: a moving share would restart them
+        raise ConfigError("stores", own, "a HybridStore with shards > 1 cannot follow "
+                          "demand shares (its shard counters are named by their limits); "
+                          "use shards=1 or split='static'")
+
+
 class RegionalStore(Store):
     """Per-region shares of a global limit (see the module docstring and docs/regions.md).
 
@@ -136,6 +145,7 @@ class RegionalStore(Store):
             from stormguard.stores import from_url
 
             own = from_url(own, **options)
+        _check_local(split, own)
         self.local: Store = own
         self.clock: Clock = clock if clock is not None else getattr(own, "clock", system_clock)
         self._listeners: list[Listener] = list(listeners)

@@ -85,13 +85,18 @@ def _check_regions(stores: object) -> dict[str, Any]:
     return dict(stores)
 
 
-def _check_local(split: str, own: Store) -> None:
+def _local_store(own: str | Store, options: dict[str, Any], split: str) -> Store:
+    if isinstance(own, str):
+        from stormguard.stores import from_url
+
+        own = from_url(own, **options)
     if split == "demand" and getattr(own, "shards", 1) != 1:
         # a sharded HybridStore splits each rule into per-shard rules whose counters are
         # named by their own limits: a moving share would restart them
         raise ConfigError("stores", own, "a HybridStore with shards > 1 cannot follow "
                           "demand shares (its shard counters are named by their limits); "
                           "use shards=1 or split='static'")
+    return own
 
 
 class RegionalStore(Store):
@@ -140,12 +145,7 @@ class RegionalStore(Store):
         options = dict(store_options or {})
         if clock is not None:
             options.setdefault("clock", clock)
-        own = regions[region]
-        if isinstance(own, str):
-            from stormguard.stores import from_url
-
-            own = from_url(own, **options)
-        _check_local(split, own)
+        own = _local_store(regions[region], options, split)
         self.local: Store = own
         self.clock: Clock = clock if clock is not None else getattr(own, "clock", system_clock)
         self._listeners: list[Listener] = list(listeners)

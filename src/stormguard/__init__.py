@@ -5,7 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 # first: decides whether the compiled hot path may be imported (see stormguard._speedups)
-from stormguard import _speedups  # noqa: F401
+from stormguard import (
+    _speedups,  # noqa: F401
+    observability,
+)
 from stormguard._core.clock import Clock, SystemClock
 from stormguard._core.errors import (
     BulkheadFull,
@@ -14,6 +17,7 @@ from stormguard._core.errors import (
     DeadlineExceeded,
     RateLimited,
     RetryBudgetExhausted,
+    ShaperFull,
     Shed,
     StorageError,
     StormguardError,
@@ -33,6 +37,7 @@ from stormguard.resilience import (
     Fallback,
     Retry,
     RetryBudget,
+    Shaper,
     Timeout,
 )
 from stormguard.resilience.pipeline import Pipeline
@@ -73,6 +78,8 @@ __all__ = [
     "RetryBudget",
     "RetryBudgetExhausted",
     "Rule",
+    "Shaper",
+    "ShaperFull",
     "Shed",
     "StorageError",
     "Store",
@@ -82,6 +89,7 @@ __all__ = [
     "Timeout",
     "TransientError",
     "load_envoy_config",
+    "observability",
 ]
 
 __version__ = "0.1.0"

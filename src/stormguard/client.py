@@ -37,6 +37,7 @@ probe call decides whether it closes again. ``store.breaker.state`` tells.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import weakref
 from collections.abc import Mapping, Sequence
@@ -49,6 +50,8 @@ from stormguard._core import validate
 from stormguard._core.breaker import BreakerMachine
 from stormguard._core.clock import Clock, system_clock
 from stormguard._core.errors import ConfigError, StorageCircuitOpen, StorageError
+from stormguard.observability.events import StateChanged, emit, observed
+from stormguard.observability.metrics import track
 from stormguard.ratelimit.decision import Decision
 from stormguard.ratelimit.rule import Rule
 from stormguard.stores.base import Store, check_cost, check_rules, key_error
@@ -116,8 +119,11 @@ class ServiceStore(Store):
             clock=self.clock, reject=lambda reason, remaining: StorageCircuitOpen(
                 f"stormguard service {self.url}: client circuit breaker is "
                 f"{'half-open (probe in flight)' if reason == 'half_open_full' else 'open'}",
-                remaining=remaining, name=name))
+                remaining=remaining, name=name), on_change=functools.partial(_changed, name))
         """Opens after ``breaker_threshold`` consecutive failures (see the module doc)."""
+        self.name = name
+        """The store's name in metrics: ``service:host:port``."""
+        track(self, "store")
         self._async_transport = async_transport
         self._client = httpx.Client(base_url=self.url, timeout=self.timeout,
                                     headers=self._headers, transport=transport)
@@ -153,6 +159,10 @@ class ServiceStore(Store):
 
     def __repr__(self) -> str:
         return f"ServiceStore({self.url!r}, rules={self.rules!r})"
+
+    def breaker_machines(self) -> list[BreakerMachine]:
+        """The client's breaker (metrics read its state)."""
+        return [self.breaker]
 
     # -- the wire format ---------------------------------------------------------------
     def _body(self, key: str, rules: Sequence[Rule], cost: int, peek: bool = False) -> bytes:
@@ -399,6 +409,12 @@ class ServiceStore(Store):
         if st is not None:
             await st.client.aclose()
         self._client.close()
+
+
+def _changed(name: str, old: str, new: str, now: float) -> None:
+    # the client's breaker reports its transitions to the global listeners (metrics)
+    if observed([]):
+        emit([], StateChanged(name, now, old, new))
 
 
 def _set(fut: asyncio.Future[_Answer], answer: _Answer) -> None:

@@ -25,11 +25,13 @@ def test_lua_files_are_package_data() -> None:
     lua = importlib.resources.files("stormguard.stores.redis") / "lua"
     names = sorted(p.name for p in lua.iterdir() if p.name.endswith(".lua"))
     assert names == ["fixed_window.lua", "gcra.lua", "leaky_bucket.lua", "lease.lua",
-                     "main.lua", "prelude.lua", "reserve.lua", "sliding_window_counter.lua",
-                     "sliding_window_log.lua", "token_bucket.lua"]
+                     "main.lua", "prelude.lua", "reserve.lua", "shaper.lua",
+                     "sliding_window_counter.lua", "sliding_window_log.lua",
+                     "token_bucket.lua"]
     for name in names:
-        # the reservation's and the hybrid store's lease entry points (their own scripts)
-        if name not in ("reserve.lua", "lease.lua"):
+        # the entry points of the reservation (test_reserve_lua.py), the hybrid store's
+        # leases and the shaper's bookings (test_shaper_redis.py): their own scripts
+        if name not in ("reserve.lua", "lease.lua", "shaper.lua"):
             assert lua.joinpath(name).read_text(encoding="utf-8") in SCRIPT
 
 
@@ -173,6 +175,9 @@ def test_wheel_holds_the_lua_scripts_and_the_compiled_hot_path(tmp_path: Path) -
     for p in lua.iterdir():
         if p.name.endswith(".lua"):
             assert f"stormguard/stores/redis/lua/{p.name}" in names
+    # the dashboard's page and assets (served from the package: no CDN)
+    for asset in ("dashboard.html", "dashboard.js", "dashboard.css"):
+        assert f"stormguard/service/static/{asset}" in names
     # the build compiled the hot path (hatch_build.py): extension modules, their manifest,
     # the sources they were built from, and a platform tag
     assert "stormguard/_speedups.json" in names

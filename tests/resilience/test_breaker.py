@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from stormguard import BulkheadFull, CircuitBreaker, CircuitOpen, ConfigError
+from stormguard import BulkheadFull, CircuitBreaker, CircuitOpen, ConfigError, Shed, Throttled
+from stormguard._core.errors import ShaperFull
 from stormguard.observability.events import CallRejected, Event, StateChanged
 from stormguard.testing import FakeClock
 from tests.resilience.conftest import Boom, Mode, failing, ok, run_threads
@@ -137,7 +138,8 @@ async def test_exceptions_marked_not_failures_are_not_counted(mode: Mode,
 
 async def test_inner_rejections_are_not_failures(mode: Mode, clock: FakeClock) -> None:
     b = CircuitBreaker(window=2, min_calls=2, clock=clock)
-    for exc in (CircuitOpen(), BulkheadFull(), CircuitOpen()):
+    for exc in (CircuitOpen(), BulkheadFull(), ShaperFull(), Shed(), Throttled(),
+                CircuitOpen()):
         assert isinstance(await mode.outcome(b, failing(exc)), type(exc))
     assert b.snapshot() == (0, 0, 0)
 

@@ -32,6 +32,7 @@ turn into events.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -61,10 +62,10 @@ def _circuit_open(name: str) -> Reject:
 class BreakerMachine:
     """Closed / open / half-open with exact half-open admission (see the module doc)."""
 
-    __slots__ = ("_b_calls", "_b_fails", "_b_idx", "_b_slows", "_b_width", "_fails",
-                 "_forfeited", "_lease_until", "_lock", "_n", "_open_until", "_permits",
-                 "_ring", "_slows", "_trial_ok", "clock", "epoch", "failure_rate", "fast", "forced",
-                 "half_open_calls", "min_calls", "name", "on_change", "on_reject",
+    __slots__ = ("_b_calls", "_b_fails", "_b_idx", "_b_slows", "_b_width", "_failed", "_fails",
+                 "_forfeited", "_lease_until", "_lock", "_n", "_ok", "_open_until", "_permits",
+                 "_rejected", "_ring", "_slows", "_trial_ok", "clock", "epoch", "failure_rate",
+                 "fast", "forced", "half_open_calls", "min_calls", "name", "on_change", "on_reject",
                  "open_for", "opened", "probe_lease", "reject", "slow_call_duration",
                  "slow_call_rate", "state_code", "timed", "window", "window_type")
 
@@ -106,6 +107,10 @@ class BreakerMachine:
         #: quick successes may skip the lock (see on_success)
         self.fast = window_type == "count"
         self._lock = threading.Lock()
+        # outcome counters (for metrics): next() on an itertools.count is one atomic C call
+        self._ok = itertools.count()
+        self._failed = itertools.count()
+        self._rejected = itertools.count()
         self.state_code = CLOSED
         self.epoch = 0
         self.forced: str | None = None
@@ -288,6 +293,7 @@ class BreakerMachine:
                     reason, remaining = "half_open_full", 0.0
         self._changed(change)
         if reason:
+            next(self._rejected)
             if self.on_reject is not None:
                 self.on_reject(reason, remaining, now)
             raise self.reject(reason, remaining)
@@ -324,6 +330,7 @@ class BreakerMachine:
 
     def on_success(self, epoch: int, start: float = 0.0) -> None:
         """The call admitted at ``epoch`` (started at monotonic ``start``) succeeded."""
+        next(self._ok)
         if self.fast and (self.slow_call_duration is None
                           or self.clock.monotonic() - start < self.slow_call_duration):
             # Lock-free for the common case: a quick success, closed, count window, min_calls
@@ -339,6 +346,7 @@ class BreakerMachine:
 
     def on_failure(self, epoch: int, start: float = 0.0) -> None:
         """The call admitted at ``epoch`` failed."""
+        next(self._failed)
         self._record(epoch, True, start)
 
     def release(self, epoch: int) -> None:
@@ -355,6 +363,7 @@ class BreakerMachine:
     #    connection whose replies serve many callers): attributed to the current state ----------
     def success(self) -> None:
         """A call succeeded (attributed to the current state; no duration: never slow)."""
+        next(self._ok)
         if self.fast and self.state_code == CLOSED and len(self._ring) >= self.min_calls:
             self._ring.append(0)
             return
@@ -362,7 +371,17 @@ class BreakerMachine:
 
     def failure(self) -> None:
         """A call failed (attributed to the current state)."""
+        next(self._failed)
         self._record(self.epoch, True, None)
+
+    def outcomes(self) -> tuple[int, int, int]:
+        """Calls reported since creation: (successes, failures, rejections)."""
+        return (_value(self._ok), _value(self._failed), _value(self._rejected))
 
     def __repr__(self) -> str:
         return f"BreakerMachine(name={self.name!r}, state={self.state!r})"
+
+
+def _value(counter: itertools.count[int]) -> int:
+    # an itertools.count's next value, read without advancing it: its repr is "count(N)"
+    return int(repr(counter)[6:-1])

@@ -9,6 +9,7 @@
     │   └── StorageCircuitOpen             the store's own breaker is open: no network call
     ├── CircuitOpen                        a circuit breaker rejected the call
     ├── BulkheadFull                       a bulkhead had no free slot in time
+    ├── ShaperFull                         a shaper's next slot is too far (or its queue full)
     ├── DeadlineExceeded (also TimeoutError) a timeout or overall deadline passed
     ├── RetryBudgetExhausted               the shared retry budget is spent
     ├── Shed                               overload: a concurrency limit refused the call
@@ -28,6 +29,7 @@ __all__ = [
     "DeadlineExceeded",
     "RateLimited",
     "RetryBudgetExhausted",
+    "ShaperFull",
     "Shed",
     "StorageCircuitOpen",
     "StorageError",
@@ -148,3 +150,29 @@ class TransientError(Exception):
     def __init__(self, *args: object, retry_after: float | None = None) -> None:
         super().__init__(*args)
         self.retry_after = retry_after
+
+
+class ShaperFull(StormguardError):
+    """A :class:`stormguard.Shaper` refused a call at once, booking nothing: its slot was
+    further away than ``max_wait`` or the deadline in force, ``max_queue`` calls were
+    already waiting, or (``on_error="deny"``) its store failed.
+
+    ``retry_after`` is how many seconds from now a call would be accepted (when known:
+    the queue drains at the shaper's pace); ``reason`` is ``"max_wait"``, ``"deadline"``,
+    ``"max_queue"``, ``"paused"`` or ``"store"``.
+    """
+
+    def __init__(self, message: str = "shaper is full", *, retry_after: float = 0.0,
+                 reason: str = "max_wait", name: str | None = None) -> None:
+        self.retry_after = retry_after
+        self.reason = reason
+        self.name = name
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_shaper_full, (str(self), self.retry_after, self.reason, self.name))
+
+
+def _shaper_full(message: str, retry_after: float, reason: str,
+                 name: str | None) -> ShaperFull:
+    return ShaperFull(message, retry_after=retry_after, reason=reason, name=name)

@@ -139,6 +139,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default=_env("STORMGUARD_LOG_LEVEL", "info"),
                        choices=("critical", "error", "warning", "info", "debug"),
                        help="[env STORMGUARD_LOG_LEVEL]")
+    serve.add_argument("--log-format", choices=("text", "json"),
+                       default=_env("STORMGUARD_LOG_FORMAT", "text"),
+                       help="text (default) or json: one JSON object per line, for the "
+                       "service's and uvicorn's lines alike [env STORMGUARD_LOG_FORMAT]")
 
     check = sub.add_parser("check", help="one check of KEY against RULE",
                            description="Check (and consume) KEY against RULE: a rule name "
@@ -300,10 +304,30 @@ def serve_setup(args: argparse.Namespace) -> tuple[Any, Any]:
     # X-Forwarded-For for connections from 127.0.0.1 (the service takes the client's
     # attributes from the check's body; nothing should trust a header for them)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            **_uvicorn_logging(args),
                             lifespan="on", timeout_graceful_shutdown=10,
                             server_header=False, http=args.http, proxy_headers=False,
                             h11_max_incomplete_event_size=MAX_HEAD)
     return config, limiter
+
+
+JSON_LOG_CONFIG: dict[str, Any] = {
+    "version": 1, "disable_existing_loggers": False,
+    "formatters": {"json": {"()": "stormguard.observability.logs.JsonFormatter"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json",
+                            "stream": "ext://sys.stderr"}},
+    "loggers": {name: {"handlers": ["stderr"], "level": "INFO", "propagate": False}
+                for name in ("uvicorn", "uvicorn.error", "uvicorn.access")},
+}
+"""uvicorn's loggers as JSON lines too (``serve --log-format json``)."""
+
+
+def _uvicorn_logging(args: argparse.Namespace) -> dict[str, Any]:
+    """uvicorn.Config's logging options: its own by default, JSON lines with
+    ``--log-format json``."""
+    if getattr(args, "log_format", "text") == "json":
+        return {"log_config": JSON_LOG_CONFIG}
+    return {}
 
 
 def _envoy_setup(args: argparse.Namespace) -> Any:
@@ -382,14 +406,17 @@ def _gateways_setup(args: argparse.Namespace, app: Any, limiter: Any, envoy: Any
 
 
 @contextlib.contextmanager
-def _log_to_stderr(level: str) -> Iterator[None]:
-    """The service's own log lines (stormguard.*) to stderr, formatted like uvicorn's,
-    while ``serve`` runs."""
+def _log_to_stderr(level: str, fmt: str = "text") -> Iterator[None]:
+    """The service's own log lines (stormguard.*) to stderr, formatted like uvicorn's
+    (``fmt="json"``: one JSON object per line), while ``serve`` runs."""
     from uvicorn.logging import DefaultFormatter
+
+    from stormguard.observability.logs import JsonFormatter
 
     logger = logging.getLogger("stormguard")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s"))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else
+                         DefaultFormatter("%(levelprefix)s %(message)s"))
     previous = logger.level
     logger.addHandler(handler)
     logger.setLevel(level.upper())
@@ -401,7 +428,7 @@ def _log_to_stderr(level: str) -> Iterator[None]:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    with _log_to_stderr(args.log_level):
+    with _log_to_stderr(args.log_level, getattr(args, "log_format", "text")):
         return _run_server(args)
 
 

@@ -30,6 +30,10 @@ __all__ = [
     "RequestShed",
     "RetryGaveUp",
     "RetryScheduled",
+    "ShaperDegraded",
+    "ShaperPaused",
+    "ShaperRejected",
+    "ShaperWaited",
     "StateChanged",
     "TimedOut",
     "add_listener",
@@ -113,6 +117,42 @@ class FallbackUsed(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class ShaperWaited(Event):
+    """A shaper held a call ``wait`` seconds for its slot (emitted when it departs)."""
+
+    wait: float
+
+
+@dataclass(frozen=True, slots=True)
+class ShaperRejected(Event):
+    """A shaper refused a call (:class:`~stormguard.ShaperFull`): ``reason`` is "max_wait",
+    "deadline", "max_queue", "paused" or "store"; ``wait`` the wait it would have had
+    (0.0 when unknown), ``retry_after`` what the error carries."""
+
+    reason: str
+    wait: float
+    retry_after: float
+
+
+@dataclass(frozen=True, slots=True)
+class ShaperPaused(Event):
+    """A shaper paused: nobody departs for ``seconds``; ``cause`` is the error whose
+    ``retry_after`` asked for it (None: ``pause()`` was called)."""
+
+    seconds: float
+    cause: BaseException | None
+
+
+@dataclass(frozen=True, slots=True)
+class ShaperDegraded(Event):
+    """A shaper's store failed (``error``); the call was handled by ``on_error``
+    (``action``: "local", "allow" or "deny")."""
+
+    action: str
+    error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
 class RequestShed(Event):
     """Overload protection refused a request or call of ``tier`` ("critical", "degraded",
     "sheddable"); ``reason``: "capacity" (its tier's slots were taken and it could not
@@ -184,7 +224,8 @@ class LoggingListener:
 
     __slots__ = ("logger",)
 
-    _INFO = (RetryScheduled, FallbackUsed, LimitChanged, RequestShed, CallThrottled)
+    _INFO = (RetryScheduled, FallbackUsed, LimitChanged, RequestShed, CallThrottled,
+             ShaperWaited)
 
     def __init__(self, logger: logging.Logger | None = None) -> None:
         self.logger = logger if logger is not None else _log

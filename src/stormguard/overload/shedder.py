@@ -34,6 +34,7 @@ from stormguard._core import validate
 from stormguard._core.clock import Clock, SystemClock, system_clock
 from stormguard._core.errors import ConfigError, Shed
 from stormguard.observability.events import LimitChanged, Listener, RequestShed, emit, observed
+from stormguard.observability.metrics import track
 from stormguard.overload.limit import AdaptiveLimit, Limit, coerce_limit
 
 __all__ = ["CRITICAL", "DEFAULT_SHARES", "DEGRADED", "SHEDDABLE", "TIERS", "Shedder", "Ticket",
@@ -125,6 +126,7 @@ class Shedder:
         self._shed = [0, 0, 0]
         self._shed_codel = 0
         self._shed_timeout = 0
+        track(self, "shedder")  # metrics: limit, in flight, waiting, shed by tier
 
     @staticmethod
     def _check_shares(shares: Mapping[str, float] | None) -> dict[str, float]:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal, ParamSpec, TypeVar
 
 from stormguard._core import validate
 from stormguard._core.errors import ConfigError, StorageError
+from stormguard.observability import metrics as _metrics
+from stormguard.observability.topk import SpaceSaving
 from stormguard.ratelimit.decision import Decision
 from stormguard.ratelimit.decorate import KeyFunc, LimitArg, async_decorator, sync_decorator
 from stormguard.ratelimit.rule import Rule
@@ -27,10 +30,20 @@ def _capacity(rule: Rule) -> int:
     return rule.capacity
 
 
+_RuleCounters = tuple["itertools.count[int]", "itertools.count[int]", "itertools.count[int]",
+                      "itertools.count[int]"]
+
+
+def _count_value(counter: itertools.count[int]) -> int:
+    # an itertools.count's next value, read without advancing it: its repr is "count(N)"
+    return int(repr(counter)[6:-1])
+
+
 class _Base:
     def __init__(self, store: Store | str = "memory://", *, on_error: OnError = "allow",
                  local_share: float = 1.0, deny_retry_after: float = 1.0,
                  on_degraded: Callable[[Rule, StorageError], None] | None = None,
+                 name: str = "limiter", top_keys: int | None = None,
                  **store_options: Any) -> None:
         if isinstance(store, str):
             store = from_url(store, **store_options)
@@ -53,6 +66,89 @@ class _Base:
         self._local: MemoryStore | None = (
             MemoryStore(clock=store.clock) if on_error == "local" else None)
         self._local_rules: dict[str, Rule] = {}
+        self.name = validate.text("name", name)
+        """The limiter's name in metrics (``stormguard_limiter_decisions{name=...}``)."""
+        self.top: SpaceSaving | None = (
+            None if top_keys is None
+            else SpaceSaving(validate.integer("top_keys", top_keys, maximum=1_000_000)))
+        """With ``top_keys=K``: the K most-denied keys (a bounded space-saving sketch)."""
+        # rule name -> counters of (allowed, denied, degraded, of the denied: shadow)
+        self._decisions: dict[str, _RuleCounters] = {}
+        self._counting = False
+        self._instrumented = False
+        _metrics.track(self, "limiter")
+        if self.top is not None:
+            self._instrument()
+
+    # -- metrics and top keys (only when enabled: the plain path has no extra frame) --------
+    @property
+    def store_name(self) -> str:
+        """The store's name in metrics."""
+        return str(getattr(self.store, "name", type(self.store).__name__))
+
+    @property
+    def store_errors(self) -> int:
+        """Store failures answered by ``on_error`` (the same as ``degraded_count``)."""
+        return self.degraded_count
+
+    def decision_counts(self) -> dict[tuple[str, str], int]:
+        """``{(rule name, result): decisions}`` counted since metrics were enabled; result
+        is "allowed", "denied", "shadow_denied" (a shadow rule of a rule set denied) or
+        "degraded" (answered by ``on_error``)."""
+        with self._count_lock:
+            rows = list(self._decisions.items())
+        out: dict[tuple[str, str], int] = {}
+        for name, (allowed, denied, degraded, shadow) in rows:
+            n_shadow = _count_value(shadow)
+            for result, n in (("allowed", _count_value(allowed)),
+                              ("denied", _count_value(denied) - n_shadow),
+                              ("shadow_denied", n_shadow),
+                              ("degraded", _count_value(degraded))):
+                if n:
+                    out[(name, result)] = n
+        return out
+
+    def _enable_metrics(self) -> None:
+        self._counting = True
+        self._instrument()
+
+    def _counters(self, name: str) -> _RuleCounters:
+        with self._count_lock:
+            c = self._decisions.get(name)
+            if c is None:
+                if len(self._decisions) >= _metrics.MAX_SERIES:
+                    name = "(other)"  # a runaway number of rule names: one series for the rest
+                    c = self._decisions.get(name)
+                if c is None:
+                    c = self._decisions[name] = (itertools.count(), itertools.count(),
+                                                 itertools.count(), itertools.count())
+            return c
+
+    def _record(self, key: str, d: Decision) -> None:
+        # per check once enabled: one dict lookup and one next() on an itertools.count
+        # (a single atomic C call under the GIL: no lock, nothing lost between threads)
+        rule = d.rule
+        name = (rule.name if rule is not None else None) or "(unnamed)"
+        if self._counting:
+            c = self._decisions.get(name)
+            if c is None:
+                c = self._counters(name)
+            next(c[2] if d.degraded else c[0] if d.allowed else c[1])
+        if self.top is not None and not d.allowed:
+            self.top.add(key, name)
+
+    def _note_shadow(self, names: Sequence[str]) -> None:
+        """A rule-set check (none of whose decisions was degraded) found these shadow rules
+        denying: their "denied" decisions are reported as "shadow_denied"."""
+        if not self._counting:
+            return
+        for name in names:
+            c = self._decisions.get(name)
+            if c is not None:
+                next(c[3])
+
+    def _instrument(self) -> None:
+        raise NotImplementedError
 
     # -- degraded answers -------------------------------------------------------------
     def _local_rule(self, rule: Rule) -> Rule:
@@ -114,6 +210,30 @@ class RateLimiter(_Base):
             # The embedded store never raises StorageError: skip one frame per check.
             self.hit = self.store.hit  # type: ignore[method-assign]
             self.peek = self.store.peek  # type: ignore[method-assign]
+        if self.top is not None or self._counting:  # asked for before hit was bound
+            self._instrument()
+
+    def _instrument(self) -> None:
+        with self._count_lock:
+            if self._instrumented or ("hit" not in vars(self)
+                                      and type(self.store) is MemoryStore):
+                # RateLimiter.__init__ has not bound the store's methods yet
+                return
+            self._instrumented = True
+            raw_hit, raw_all, record = self.hit, self.hit_all, self._record
+
+            def hit(key: str, rule: Rule, cost: int = 1) -> Decision:
+                d = raw_hit(key, rule, cost)
+                record(key, d)
+                return d
+
+            def hit_all(key: str, rules: Sequence[Rule], cost: int = 1) -> Decision:
+                d = raw_all(key, rules, cost)
+                record(key, d)
+                return d
+
+            self.hit = hit  # type: ignore[method-assign]
+            self.hit_all = hit_all  # type: ignore[method-assign]
 
     def limit(self, limit: LimitArg, *, key: KeyFunc | str | None = None, cost: int = 1
               ) -> Callable[[Callable[P, T]], Callable[P, T]]:
@@ -183,6 +303,26 @@ class AsyncRateLimiter(_Base):
               ) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Awaitable[T]]]:
         """:meth:`RateLimiter.limit` for coroutine functions."""
         return async_decorator(self, limit, key, cost)
+
+    def _instrument(self) -> None:
+        with self._count_lock:
+            if self._instrumented:
+                return
+            self._instrumented = True
+            raw_hit, raw_all, record = self.hit, self.hit_all, self._record
+
+            async def hit(key: str, rule: Rule, cost: int = 1) -> Decision:
+                d = await raw_hit(key, rule, cost)
+                record(key, d)
+                return d
+
+            async def hit_all(key: str, rules: Sequence[Rule], cost: int = 1) -> Decision:
+                d = await raw_all(key, rules, cost)
+                record(key, d)
+                return d
+
+            self.hit = hit  # type: ignore[method-assign]
+            self.hit_all = hit_all  # type: ignore[method-assign]
 
     # unasync: source limiter
     async def hit(self, key: str, rule: Rule, cost: int = 1) -> Decision:

@@ -10,6 +10,7 @@ from stormguard.resilience.bulkhead import Bulkhead
 from stormguard.resilience.concurrency import ConcurrencyLimit
 from stormguard.resilience.fallback import Fallback
 from stormguard.resilience.retry import Retry, is_transient
+from stormguard.resilience.shaper import Shaper
 from stormguard.resilience.throttle import AdaptiveThrottle
 from stormguard.resilience.timeout import Timeout
 
@@ -23,6 +24,7 @@ __all__ = [
     "Policy",
     "Retry",
     "RetryBudget",
+    "Shaper",
     "Timeout",
     "add_listener",
     "is_transient",

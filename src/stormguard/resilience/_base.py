@@ -74,7 +74,7 @@ def matcher(field: str, spec: ExceptionSpec) -> Callable[[BaseException], bool]:
 class Policy:
     """Base class: one resilience behaviour around a call, sync or async."""
 
-    __slots__ = ("_clock", "_listeners", "name")
+    __slots__ = ("__weakref__", "_clock", "_listeners", "name")  # weakref: metrics.track
 
     def __init__(self, *, name: str, clock: Clock | None,
                  listeners: tuple[Listener, ...] | list[Listener] = ()) -> None:

@@ -25,8 +25,9 @@ States:
   the next caller.
 
 Outcomes of calls admitted in an earlier state (before a transition) are
-ignored. Rejections (``CircuitOpen``, ``BulkheadFull`` from inner layers) and
-cancellations are never failures.
+ignored. Rejections by inner layers (``CircuitOpen``, ``BulkheadFull``, ``ShaperFull``,
+``Shed`` from a ``ConcurrencyLimit``, ``Throttled`` from an ``AdaptiveThrottle``: the
+dependency was not asked) and cancellations are never failures.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ from typing import Any
 
 from stormguard._core.breaker import CLOSED, STATES, BreakerMachine
 from stormguard._core.clock import Clock
-from stormguard._core.errors import BulkheadFull, CircuitOpen
+from stormguard._core.errors import BulkheadFull, CircuitOpen, ShaperFull, Shed, Throttled
 from stormguard.observability.events import CallRejected, Listener, StateChanged
+from stormguard.observability.metrics import track
 from stormguard.resilience._base import (
     Args,
     AsyncNext,
@@ -50,7 +52,8 @@ from stormguard.resilience._base import (
 
 __all__ = ["CircuitBreaker"]
 
-_NOT_FAILURES = (CircuitOpen, BulkheadFull)
+# inner layers refusing to call (the dependency was not asked): never its failures
+_NOT_FAILURES = (CircuitOpen, BulkheadFull, ShaperFull, Shed, Throttled)
 
 
 def _default_failure(exc: BaseException) -> bool:
@@ -81,6 +84,7 @@ class CircuitBreaker(Policy):
             window, failure_rate, min_calls, open_for, half_open_calls, slow_call_duration,
             slow_call_rate, window_type=window_type, name=name, clock=self._clock,
             on_change=self._on_change, on_reject=self._on_reject)
+        track(self, "breaker")
 
     def __repr__(self) -> str:
         return (f"CircuitBreaker(name={self.name!r}, state={self.state!r}, "

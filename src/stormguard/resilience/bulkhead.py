@@ -28,6 +28,7 @@ from stormguard._core.clock import Clock, SystemClock
 from stormguard._core.deadline import _current
 from stormguard._core.errors import BulkheadFull
 from stormguard.observability.events import BulkheadRejected, Listener
+from stormguard.observability.metrics import track
 from stormguard.resilience._base import (
     Args,
     AsyncNext,
@@ -67,6 +68,7 @@ class Bulkhead(Policy):
         self._lock = threading.Lock()  # guards the waiter bookkeeping only (slow path)
         self._awaiters: deque[_Waiter] = deque()
         self._threads_waiting = 0
+        track(self, "bulkhead")
 
     def __repr__(self) -> str:
         return f"Bulkhead(max_concurrent={self.max_concurrent}, max_wait={self.max_wait})"

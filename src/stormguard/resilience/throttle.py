@@ -25,6 +25,7 @@ from stormguard._core import validate
 from stormguard._core.clock import Clock
 from stormguard._core.errors import Throttled
 from stormguard.observability.events import CallThrottled, Listener
+from stormguard.observability.metrics import track
 from stormguard.resilience._base import (
     Args,
     AsyncNext,
@@ -59,6 +60,7 @@ class AdaptiveThrottle(Policy):
         self._accepts = [0] * BUCKETS
         self._at = math.floor(self._clock.monotonic() / self._width)  # newest bucket's number
         self._lock = threading.Lock()
+        track(self, "throttle")  # metrics: its rejection probability now
 
     def __repr__(self) -> str:
         return f"AdaptiveThrottle(k={self.k}, window={self.window})"

@@ -19,6 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from stormguard.integrations.asgi import check_async_limiter
 from stormguard.integrations.clientip import ClientIP
+from stormguard.observability.prometheus import enable_prometheus
 from stormguard.ratelimit.limiter import AsyncRateLimiter, RateLimiter
 from stormguard.ratelimit.rules import RuleSet, RuleSpec
 from stormguard.service.admin import AdminEndpoints
@@ -34,6 +35,7 @@ from stormguard.service.http import (
     http_error,
 )
 from stormguard.service.metrics import Metrics
+from stormguard.service.observe import ObserveEndpoints
 from stormguard.service.ops import OpsEndpoints
 from stormguard.service.sources import FileRules, MemoryRules, RedisRules, RulesSource
 
@@ -42,10 +44,10 @@ __all__ = ["MAX_BATCH", "MAX_BODY", "ApiError", "Service", "ServiceApp", "create
 _FROM_ENV: Any = object()
 
 
-class Service(AuthEndpoints, CheckEndpoints, AdminEndpoints, OpsEndpoints):
+class Service(AuthEndpoints, CheckEndpoints, AdminEndpoints, OpsEndpoints, ObserveEndpoints):
     """The state behind one app (limiter, rules source, metrics, admin token) and its
-    endpoints: the check API, nginx's auth_request, the control plane and the operations
-    endpoints."""
+    endpoints: the check API, nginx's auth_request, the control plane, the operations
+    endpoints, the top limited keys and the dashboard."""
 
 
 def create_app(limiter: AsyncRateLimiter | RateLimiter | None = None,
@@ -57,7 +59,8 @@ def create_app(limiter: AsyncRateLimiter | RateLimiter | None = None,
                rules_prefix: str = "stormguard",
                poll_interval: float | None = None,
                metrics: Metrics | None = None,
-               trusted_proxies: Iterable[str] = ()) -> ServiceApp:
+               trusted_proxies: Iterable[str] = (),
+               top_keys: int = 1000) -> ServiceApp:
     """Build the service app.
 
     * ``limiter``: an :class:`AsyncRateLimiter` (or a blocking :class:`RateLimiter` over a
@@ -94,8 +97,11 @@ def create_app(limiter: AsyncRateLimiter | RateLimiter | None = None,
                            else poll_interval)
     else:
         source = MemoryRules(initial)
-    service = Service(limiter, source, admin_token, metrics or Metrics())
+    service = Service(limiter, source, admin_token, metrics or Metrics(), top_keys)
     service.auth_proxies = ClientIP(trusted_proxies)
+    own = service.limiter  # another app's limiter reports on that app's /metrics, not here
+    enable_prometheus(service.metrics.registry,
+                      select=lambda kind, obj: kind != "limiter" or obj is own)
     s = service
     routes = [
         Route("/v1/check", RawEndpoint(s.check), methods=["POST"]),  # 405 for other methods
@@ -112,6 +118,10 @@ def create_app(limiter: AsyncRateLimiter | RateLimiter | None = None,
         Route("/readyz", s.readyz, methods=["GET"]),
         Route("/metrics", s.metrics_endpoint, methods=["GET"]),
         Route("/openapi.json", s.openapi, methods=["GET"]),
+        Route("/v1/top", handle(s.top_keys), methods=["GET"]),
+        Route("/v1/stats", s.stats_endpoint, methods=["GET"]),
+        Route("/dashboard", s.dashboard, methods=["GET"]),
+        Route("/dashboard/assets/{name}", handle(s.dashboard_asset), methods=["GET"]),
     ]
     app = Starlette(routes=routes, lifespan=service.lifespan,
                     exception_handlers={HTTPException: http_error, Exception: http_error})

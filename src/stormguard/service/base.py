@@ -4,12 +4,17 @@ lifecycle; the endpoint groups (:mod:`.check`, :mod:`.admin`, :mod:`.ops`) exten
 from __future__ import annotations
 
 import contextlib
+import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Protocol
 
 from starlette.applications import Starlette
 
+from stormguard._core import validate
+from stormguard.observability.topk import SpaceSaving
 from stormguard.ratelimit.limiter import AsyncRateLimiter, RateLimiter
+from stormguard.ratelimit.rules import CheckResult, Plan
 from stormguard.service.metrics import Metrics
 from stormguard.service.sources import RulesSource
 
@@ -24,20 +29,51 @@ class Companion(Protocol):
 
     async def stop(self) -> None: ...
 
+log = logging.getLogger("stormguard.service")
+
 
 class ServiceBase:
     """The state behind one app: limiter, rules source, metrics, admin token."""
 
     def __init__(self, limiter: AsyncRateLimiter | RateLimiter, source: RulesSource,
-                 admin_token: str | None, metrics: Metrics) -> None:
+                 admin_token: str | None, metrics: Metrics, top_keys: int = 1000) -> None:
         self.limiter = limiter
         self.source = source
         # the token's bytes: UTF-8 (an environment variable's undecodable bytes as they were)
         self.admin_token = admin_token.encode("utf-8", "surrogateescape") if admin_token \
             else None
         self.metrics = metrics
+        self.top = SpaceSaving(validate.integer("top_keys", top_keys, maximum=1_000_000))
+        """The most-denied keys (``GET /v1/top``): a bounded space-saving sketch."""
         self._started = False
         self.companions: list[Companion] = []
+        self._degraded_since: float | None = None
+        self._degraded_n = 0
+
+    def observe(self, plan: Plan, result: CheckResult) -> None:
+        """After each check: the denied keys into the top-K sketch, and one log line when
+        checks start being answered degraded (the store failing) and one when they stop."""
+        if not result.allowed or result.shadow_denied:
+            d = result.decision
+            for key, spec in plan:
+                if (not result.allowed and d is not None and spec.rule is d.rule) \
+                        or spec.name in result.shadow_denied:
+                    self.top.add(key, spec.name or "(inline)")
+        if result.degraded:
+            self._degraded_n += 1
+            if self._degraded_since is None:
+                self._degraded_since = time.monotonic()
+                log.warning("stormguard: checks are answered degraded: the store fails, "
+                            "on_error=%s answers", self.limiter.on_error,
+                            extra={"event": "degraded_start",
+                                   "on_error": self.limiter.on_error})
+        elif self._degraded_since is not None and result.decision is not None:
+            seconds = time.monotonic() - self._degraded_since
+            n, self._degraded_since, self._degraded_n = self._degraded_n, None, 0
+            log.warning("stormguard: checks are answered by the store again, after %d "
+                        "degraded decisions in %.3f s", n, seconds,
+                        extra={"event": "degraded_stop", "degraded_decisions": n,
+                               "seconds": round(seconds, 3)})
 
     async def start(self) -> None:
         if not self._started:

@@ -223,6 +223,7 @@ class CheckEndpoints(ServiceBase):
                            field=exc.field) from None
         if not peek:  # a peek decides nothing: it is not counted as a check
             self.metrics.record(result, time.perf_counter() - t0)
+            self.observe(plan, result)
         if plan and all(type(spec) is InlineRule for _, spec in plan):
             # inline limits are not rules of the service: no rule names in the answer
             result.rules = [spec.name for _, spec in plan if spec.name]

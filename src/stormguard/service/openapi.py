@@ -240,6 +240,31 @@ def _document() -> dict[str, Any]:
             "/readyz": {"get": {"summary": "The store answers",
                                 "responses": {"200": _answer("ready"),
                                               "503": _answer("store unreachable")}}},
+            "/v1/top": {"get": {
+                "summary": "The most-denied keys (a bounded space-saving sketch)",
+                "parameters": [{"name": "n", "in": "query", "required": False,
+                                "schema": {"type": "integer", "minimum": 1,
+                                           "maximum": 1000, "default": 20}}],
+                "responses": {"200": _answer("Keys, highest denial count first", {
+                    "type": "object", "required": ["keys", "held", "capacity", "denials"],
+                    "properties": {
+                        "keys": {"type": "array", "items": {
+                            "type": "object", "required": ["key", "count", "error", "rules"],
+                            "properties": {
+                                "key": {"type": "string"},
+                                "count": {"type": "integer",
+                                          "description": "denials (an upper bound)"},
+                                "error": {"type": "integer",
+                                          "description": "count - error is a lower bound"},
+                                "rules": {"type": "array", "items": {"type": "string"}}}}},
+                        "held": {"type": "integer"}, "capacity": {"type": "integer"},
+                        "denials": {"type": "integer"}}}),
+                    "422": _answer("n out of range", _ref("Error"))}}},
+            "/v1/stats": {"get": {"summary": "The dashboard's figures (cumulative counters)",
+                                  "responses": {"200": _answer("Figures", {"type": "object"})}}},
+            "/dashboard": {"get": {"summary": "The live dashboard (one HTML page)",
+                                   "responses": {"200": {"description": "HTML",
+                                                         "content": {"text/html": {}}}}}},
             "/metrics": {"get": {"summary": "Prometheus metrics",
                                  "responses": {"200": {"description": "text format",
                                                        "content": {"text/plain": {}}}}}},

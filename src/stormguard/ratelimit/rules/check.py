@@ -128,7 +128,10 @@ def check_plan(limiter: RateLimiter, plan: Plan, cost: int = 1) -> CheckResult:
         key, spec = plan[0]
         d = limiter.hit(key, spec.rule, cost)
         return CheckResult(d.allowed, d, False, [], d.degraded, [spec.name])
-    return run_sync(limiter, check_flow(plan, cost))
+    result = run_sync(limiter, check_flow(plan, cost))
+    if result.shadow_denied and not result.degraded and limiter._counting:
+        limiter._note_shadow(result.shadow_denied)
+    return result
 
 
 async def acheck_plan(limiter: AsyncRateLimiter | RateLimiter, plan: Plan,
@@ -154,6 +157,8 @@ async def acheck_plan(limiter: AsyncRateLimiter | RateLimiter, plan: Plan,
             step = flow.send(d)
     except StopIteration as stop:
         result: CheckResult = stop.value
+        if result.shadow_denied and not result.degraded and limiter._counting:
+            limiter._note_shadow(result.shadow_denied)
         return result
 
 

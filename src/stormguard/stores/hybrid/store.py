@@ -28,6 +28,7 @@ from stormguard._core import validate
 from stormguard._core.clock import Clock, system_clock
 from stormguard._core.errors import ConfigError, StorageError
 from stormguard.observability.events import Event, Listener, emit, observed
+from stormguard.observability.metrics import track
 from stormguard.ratelimit.decision import Decision
 from stormguard.ratelimit.reservation import Reservation
 from stormguard.ratelimit.rule import Rule
@@ -223,14 +224,15 @@ class HybridStore(Store):
         self._local_decisions = self._direct_checks = self._keys_synced = self._syncs = 0
         self._rounds = 0
         self._denials_cached = self._degraded_decisions = self._voided = 0
-        self._acquire, self._release = self._lock.acquire, self._lock.release
-        self._get = self._entries.get
+        self._acquire, self._release, self._get = (self._lock.acquire, self._lock.release,
+                                                   self._entries.get)
         self._dirty: list[_Entry] = []  # entries checked since the last round
         self._thread: threading.Thread | None = None
         self._task: asyncio.Task[None] | None = None
         # True until the blocking API has started its sync thread (one flag on the hot path)
         self._no_sync_yet = sync_interval is not None
         self._stop, self._closed = threading.Event(), False
+        track(self, "hybrid")  # metrics: syncs, keys synced, local decisions, degraded
 
     # -- construction from a URL ---------------------------------------------------------
     @classmethod

@@ -36,6 +36,7 @@ from stormguard.observability.events import (
     emit,
     observed,
 )
+from stormguard.observability.metrics import track
 from stormguard.ratelimit.decision import Decision
 from stormguard.ratelimit.reservation import Reservation
 from stormguard.ratelimit.rule import Rule
@@ -325,6 +326,13 @@ class RedisStore(_RedisStore):
             url, **self._transport_options())
         self.breaker = self._make_breaker(f"redis:{self.transport.endpoint.name}")
         self.transport.breaker = self.breaker
+        self.name = self.breaker.name
+        """The store's name in metrics: ``redis:host:port``."""
+        track(self, "store")
+
+    def breaker_machines(self) -> list[BreakerMachine]:
+        """The store's breakers (metrics read their states)."""
+        return [self.breaker]
 
     def _breaker_for(self, node: str) -> BreakerMachine | None:
         return getattr(self, "breaker", None)
@@ -358,6 +366,14 @@ class RedisClusterStore(_RedisStore):
             if isinstance(exc, ConfigError):
                 raise
             raise ConfigError("url", url, f"not a usable Redis Cluster URL: {exc}") from None
+        self.name = "redis-cluster"
+        """The store's name in metrics."""
+        track(self, "store")
+
+    def breaker_machines(self) -> list[BreakerMachine]:
+        """The store's breakers: reaching the cluster, then each master's (by node)."""
+        nodes = self.breakers.copy()  # one C-level copy: safe while a thread adds a node
+        return [self.breaker, *(nodes[n] for n in sorted(nodes))]
 
     def _breaker_for(self, node: str) -> BreakerMachine | None:
         if not node:

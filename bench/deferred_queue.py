@@ -15,10 +15,10 @@
 Slices of the rows are interleaved (``--rounds``) so that load from other processes hits
 them alike. Run from the repository root::
 
-    PYTHONPATH=src:. python bench/queue.py [--n 2000] [--rounds 4]
+    PYTHONPATH=src:. python bench/deferred_queue.py [--n 2000] [--rounds 4]
 
-(``bench/queue.py`` runs this file; the code lives here so that no module named
-``queue`` is defined in bench/.)
+(Not ``bench/queue.py``: a file of that name in bench/ would hide the standard
+library's ``queue`` from every script run from bench/.)
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-# bench/queue.py (the launcher) must not be what `import queue` finds: keep bench/ off the
-# path, so that concurrent.futures and redis-py get the standard library's queue
+# keep bench/ off the path: bench/redis.py would be what `import redis` finds
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
 for p in (ROOT, os.path.join(ROOT, "src")):
     if p not in sys.path:

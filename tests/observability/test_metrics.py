@@ -613,3 +613,25 @@ def test_a_real_shaper_reports_its_queue_waits_and_rejections() -> None:
     assert value(p, "stormguard_shaper_waits_total", name="sms-provider") == 1
     assert value(p, "stormguard_shaper_rejected_total", name="sms-provider") == 1
     assert value(p, "stormguard_shaper_queue_depth", name="sms-provider") == 0
+
+
+def test_a_real_deferred_queue_reports_pending_and_dead(tmp_path: Path) -> None:
+    """A SQLite queue: 3 jobs deferred, one of an unknown task drained to the dead
+    letters; the gauges read the queue's own stats() at each scrape."""
+    from stormguard import DeferredQueue
+
+    registry = CollectorRegistry()
+    observability.enable_prometheus(registry)
+    q = DeferredQueue(f"sqlite:///{tmp_path / 'q.db'}", name="sms")
+    for i in range(3):
+        q.defer("send_sms", {"order": i})
+    q.defer("no_such_task", {})
+    p = prom(registry)
+    assert value(p, "stormguard_queue_pending", name="sms") == 4
+    worker = q.worker({"send_sms": lambda order: None}, concurrency=1)
+    worker.drain(timeout=10.0)
+    p = prom(registry)
+    assert value(p, "stormguard_queue_pending", name="sms") == 0
+    assert value(p, "stormguard_queue_dead", name="sms") == 1
+    assert value(p, "stormguard_queue_in_flight", name="sms") == 0
+    assert q.stats() == {"pending": 0, "in_flight": 0, "dead": 1}

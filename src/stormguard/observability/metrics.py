@@ -134,14 +134,14 @@ SCHEMA: dict[str, MetricSpec] = {s.name: s for s in (
     _g("stormguard_throttle_probability", _N,
        "Client-side throttling: the probability that a call is rejected locally now"),
     _c("stormguard_throttled", _N, "Calls client-side throttling rejected locally"),
-    # components built alongside: wired below (STATS_METRICS); they report once their
-    # constructors call track(self, kind) (planned until then)
+    # components whose gauges come from their stats() (STATS_METRICS below); they report
+    # from the moment their constructors call track(self, kind)
     _g("stormguard_shaper_queue_depth", _N, "Calls waiting in a shaper"),
     _c("stormguard_shaper_waits", _N, "Calls a shaper delayed"),
     _c("stormguard_shaper_rejected", _N, "Calls a shaper rejected"),
-    _g("stormguard_queue_pending", _N, "Deferred-queue jobs pending", planned=True),
-    _g("stormguard_queue_in_flight", _N, "Deferred-queue jobs in flight", planned=True),
-    _g("stormguard_queue_dead", _N, "Deferred-queue jobs dead-lettered", planned=True),
+    _g("stormguard_queue_pending", _N, "Deferred-queue jobs pending"),
+    _g("stormguard_queue_in_flight", _N, "Deferred-queue jobs in flight"),
+    _g("stormguard_queue_dead", _N, "Deferred-queue jobs dead-lettered"),
     _c("stormguard_hybrid_syncs", _N, "Hybrid store sync rounds"),
     _c("stormguard_hybrid_keys_synced", _N, "Keys a hybrid store synced"),
     _c("stormguard_hybrid_local_decisions", _N, "Decisions a hybrid store took locally"),

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from stormguard._core import validate
 from stormguard._core.clock import Clock, system_clock
 from stormguard.observability.events import Listener
+from stormguard.observability.metrics import track
 from stormguard.queue.backends import Backend, open_backend
 from stormguard.queue.job import DeadLetter, encode_payload
 from stormguard.resilience._base import ExceptionSpec
@@ -41,13 +42,17 @@ class DeferredQueue:
 
     def __init__(self, url: str, *, stream: str | None = None, group: str | None = None,
                  consumer: str | None = None, clock: Clock | None = None,
-                 **options: Any) -> None:
+                 name: str | None = None, **options: Any) -> None:
         if clock is not None and not isinstance(clock, Clock):
             raise TypeError(f"clock: must be a stormguard Clock (got {type(clock).__name__})")
         self.clock: Clock = system_clock if clock is None else clock
         self.url = url
         self.backend: Backend = open_backend(url, stream=stream, group=group,
                                              consumer=consumer, **options)
+        self.name = validate.text("name", name if name is not None else stream or "deferred")
+        """Names the queue in metrics (``stormguard_queue_pending{name=...}``): ``name=``,
+        else ``stream=``, else ``"deferred"``."""
+        track(self, "queue")  # metrics: pending, in flight, dead (read from stats())
         if not self.backend.durable:
             _log.warning("stormguard queue %s is not durable: its jobs live in this process "
                          "and are lost when it exits (tests and examples only)", url)

@@ -16,8 +16,8 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# bench/queue.py would shadow the standard library's queue (stormguard's Bulkhead imports
-# it), as bench/redis.py would redis-py: keep this directory off the path
+# a script here named after a module shadows it (bench/redis.py would redis-py, a
+# bench/queue.py once hid the standard library's queue): keep this directory off the path
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
 
 from stormguard.sim.fleet import FULL_RATE, simulate  # noqa: E402

@@ -25,13 +25,14 @@ def test_lua_files_are_package_data() -> None:
     lua = importlib.resources.files("stormguard.stores.redis") / "lua"
     names = sorted(p.name for p in lua.iterdir() if p.name.endswith(".lua"))
     assert names == ["fixed_window.lua", "gcra.lua", "leaky_bucket.lua", "lease.lua",
-                     "main.lua", "prelude.lua", "reserve.lua", "shaper.lua",
+                     "main.lua", "prelude.lua", "reservation.lua", "reserve.lua",
+                     "shaper.lua",
                      "sliding_window_counter.lua", "sliding_window_log.lua",
                      "token_bucket.lua"]
     for name in names:
         # the entry points of the reservation (test_reserve_lua.py), the hybrid store's
         # leases and the shaper's bookings (test_shaper_redis.py): their own scripts
-        if name not in ("reserve.lua", "lease.lua", "shaper.lua"):
+        if name not in ("reservation.lua", "reserve.lua", "lease.lua", "shaper.lua"):
             assert lua.joinpath(name).read_text(encoding="utf-8") in SCRIPT
 
 

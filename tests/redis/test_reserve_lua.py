@@ -18,7 +18,8 @@ from stormguard.stores.redis import SCRIPT
 from tests.redis_servers import RedisServer
 
 CODES = {"token_bucket": "tb", "gcra": "gcra", "leaky_bucket": "lb"}
-FILES = ("prelude.lua", "token_bucket.lua", "gcra.lua", "leaky_bucket.lua", "reserve.lua")
+FILES = ("prelude.lua", "token_bucket.lua", "gcra.lua", "leaky_bucket.lua", "reservation.lua",
+         "reserve.lua")
 SLACK_MS = "3600000"  # the keys outlive the test in real time, whatever the virtual clock
 NO_LIMIT = 2**62
 

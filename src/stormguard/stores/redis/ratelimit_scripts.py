@@ -59,7 +59,7 @@ RATELIMIT = scripts.register(SCRIPT_NAME, SCRIPT)
 #: state, so hits and reservations on one key see each other).
 RESERVE_SCRIPT_NAME = "stormguard.reserve"
 RESERVE_SCRIPT = load_script(("prelude.lua", "token_bucket.lua", "gcra.lua",
-                              "leaky_bucket.lua", "reserve.lua"))
+                              "leaky_bucket.lua", "reservation.lua", "reserve.lua"))
 RESERVE = scripts.register(RESERVE_SCRIPT_NAME, RESERVE_SCRIPT)
 
 #: The hybrid store's leases (``lua/lease.lua`` over the five algorithms it decides

@@ -24,7 +24,8 @@ __all__ = ["SHAPER", "Booking", "abook", "apause", "book", "book_command", "book
            "pause_command", "supports"]
 
 SHAPER = scripts.register("stormguard.shaper", load_script(
-    ("prelude.lua", "token_bucket.lua", "gcra.lua", "leaky_bucket.lua", "shaper.lua")))
+    ("prelude.lua", "token_bucket.lua", "gcra.lua", "leaky_bucket.lua", "reservation.lua",
+     "shaper.lua")))
 
 
 #: ``(ok, wait, paused_for)``: as :class:`~stormguard.ratelimit.reservation.Reservation`'s

@@ -68,6 +68,7 @@ def test_json_figures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     html = page.read_text("utf-8")
     assert "data:image/png;base64," in html
     assert "&quot;simulation&quot;: &quot;fleet&quot;" in html  # the figures, escaped
+    assert 'alt="backend operations (all regions);' in html  # what the fleet plot draws
 
 
 def test_text_table(capsys: pytest.CaptureFixture[str]) -> None:

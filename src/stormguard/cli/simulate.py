@@ -149,8 +149,9 @@ def run(args: argparse.Namespace) -> int:
         if args.plot:
             Path(args.plot).write_bytes(png or b"")
         if args.html:
-            Path(args.html).write_text(report.html_report(title, text, figures, png, scenarios),
-                                       "utf-8")
+            alt = "; ".join(panel[0] for panel in panels)  # what each panel draws
+            Path(args.html).write_text(report.html_report(title, text, figures, png, scenarios,
+                                                          alt), "utf-8")
     except OSError as exc:
         print(f"stormguard simulate: cannot write {exc.filename}: {exc.strerror}",
               file=sys.stderr)

@@ -111,7 +111,7 @@ def plot(panels: Sequence[Panel], path: str | Path, title: str) -> None:
 
 
 def html_report(title: str, text: str, figures: dict[str, Any], png: bytes | None,
-                scenarios: dict[str, str] | None = None) -> str:
+                scenarios: dict[str, str] | None = None, alt: str | None = None) -> str:
     """One self-contained HTML page: the table, the plot inlined, the figures as JSON."""
     parts = [
         "<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
@@ -124,7 +124,7 @@ def html_report(title: str, text: str, figures: dict[str, Any], png: bytes | Non
     if png is not None:
         data = base64.b64encode(png).decode("ascii")
         parts += ["<h2>Over virtual time</h2>",
-                  f'<img alt="busy threads, calls/s and outcomes over time" '
+                  f'<img alt="{html.escape(alt or "the simulation over virtual time")}" '
                   f'src="data:image/png;base64,{data}">']
     if scenarios:
         parts.append("<h2>Scenarios</h2>")

@@ -7,6 +7,10 @@ Redis servers behind latency-injecting links in test_redis_regions.py.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from collections.abc import Sequence
@@ -596,3 +600,29 @@ def test_a_share_change_carries_the_count_over_a_hybrid_store(clock: FakeClock) 
                                    "eu": MemoryStore(clock=clock)},
                            clock=clock, sync_interval=None)
     assert static.local_rule("k", Rule(300, 60)).limit == 150
+
+
+def test_regions_over_memory_stores_are_freed_without_a_crash() -> None:
+    """Boards of in-process regions live on their MemoryStores, never behind a weak
+    reference: the compiled MemoryStore (mypyc) does not clear weak references when it is
+    freed, and a weak reference to one crashed the interpreter at garbage collection (the
+    CI's compiled run segfaulted). A child process, so a crash fails this test alone."""
+    code = textwrap.dedent("""
+        import gc
+        from stormguard import MemoryStore, RegionalStore, Rule
+        rule = Rule(100, 1, algorithm="fixed_window")
+        for _ in range(200):
+            stores = {r: MemoryStore() for r in ("us", "eu")}
+            regional = [RegionalStore(region=r, stores=stores, sync_interval=None)
+                        for r in stores]
+            for s in regional:
+                s.hit("k", rule)
+                s.sync()
+            del stores, regional, s
+        gc.collect()
+        print("freed")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
+                         timeout=120, env={**os.environ})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "freed"

@@ -15,7 +15,6 @@ report is opaque bytes here; a board keeps the latest one per sender.
 from __future__ import annotations
 
 import threading
-import weakref
 from typing import Any
 
 from stormguard._core.clock import Clock, system_clock
@@ -121,8 +120,11 @@ class RedisBoard(Board):
 
 # the board of a MemoryStore lives as long as the store: every RegionalStore handed the
 # same MemoryStore object (regions simulated in one process) meets at the same board
-_MEMORY_BOARDS: weakref.WeakKeyDictionary[Store, MemoryBoard] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
+_BOARD_ATTR = "_stormguard_regional_board"
+"""A MemoryStore's board lives on the store itself (an attribute), not in a
+WeakKeyDictionary: the compiled (mypyc) MemoryStore does not clear weak references when
+it is freed, so a weak reference to one crashes the interpreter at garbage collection."""
 
 
 def board_for(target: str | Store, *, group: str, timeout: float,
@@ -138,9 +140,10 @@ def board_for(target: str | Store, *, group: str, timeout: float,
                           "or a MemoryStore, or its board given in boards=")
     if isinstance(target, MemoryStore):
         with _LOCK:
-            board = _MEMORY_BOARDS.get(target)
-            if board is None:
-                board = _MEMORY_BOARDS[target] = MemoryBoard(target.clock)
+            board = getattr(target, _BOARD_ATTR, None)
+            if not isinstance(board, MemoryBoard):
+                board = MemoryBoard(target.clock)
+                setattr(target, _BOARD_ATTR, board)
         return board
     inner = getattr(target, "backend", None)
     if isinstance(inner, Store) and inner is not target:

@@ -300,3 +300,26 @@ def test_new_policies_validate_their_options() -> None:
     assert bad({"concurrency_limit": {"max_wait": 1}}).field == \
         f"{where}.concurrency_limit.max_wait"
     assert bad({"adaptive_throttle": {"k": 0.5}}).field == f"{where}.adaptive_throttle.k"
+
+
+def test_a_shaper_paces_calls_to_its_rate_and_rejects_past_max_wait() -> None:
+    """300 requests/s through a real Shaper of 100/s per instance (max_wait 50 ms): the
+    dependency sees at most 100 calls/s, the rest fall back at once (ShaperFull)."""
+    r = scenario(duration=20, measure=(5, 20), rate=300,
+                 deps={"p": {"latency": "5ms"}},
+                 steps=[{"call": "p", "policies": [
+                     {"fallback": {}}, {"shaper": {"rate": 100, "max_wait": "50ms"}}]}])
+    assert 97 <= r.calls_per_s("p") <= 100.5
+    rates = r.outcome_rates("req")
+    assert rates["fallback"] == pytest.approx(2 / 3, abs=0.03)
+    two = scenario(duration=20, measure=(5, 20), rate=300, instances=2,
+                   deps={"p": {"latency": "5ms"}},
+                   steps=[{"call": "p", "policies": [
+                       {"fallback": {}}, {"shaper": {"rate": 100, "max_wait": "50ms"}}]}])
+    assert 194 <= two.calls_per_s("p") <= 201  # one pace per instance
+    from stormguard import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        scenario(deps={"p": {"latency": "5ms"}},
+                 steps=[{"call": "p", "policies": [{"shaper": {"per": "1s"}}]}])
+    assert info.value.field == "services.svc.endpoints.ep.steps[0].policies[0].shaper.rate"

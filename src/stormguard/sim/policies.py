@@ -189,6 +189,19 @@ def _throttle(opts: Any, ctx: BuildContext, where: str, dep: str) -> Policy:
                                                   clock=ctx.clock, name=f"{dep}.throttle"))
 
 
+@register_policy("shaper")
+def _shaper(opts: Any, ctx: BuildContext, where: str, dep: str) -> Policy:
+    """A leaky-bucket shaper per instance (in process: the pace of one instance's calls)."""
+    from stormguard.resilience.shaper import Shaper
+
+    o = _options(opts, where, {"rate": "number", "per": "duration", "max_wait": "duration0",
+                               "burst": "int", "max_queue": "int"})
+    if "rate" not in o:
+        raise ConfigError(f"{where}.rate", None, "is required: calls per `per` (default 1 s)")
+    rate = o.pop("rate")
+    return _build(where, lambda: Shaper(rate, **o, clock=ctx.clock, name=f"{dep}.shaper"))
+
+
 @register_policy("fallback")
 def _fallback(opts: Any, ctx: BuildContext, where: str, dep: str) -> Policy:
     _options(opts, where, {"value": "any"})  # the answer itself is irrelevant to capacity

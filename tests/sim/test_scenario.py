@@ -141,7 +141,7 @@ _DELETE = object()
      {"circuit_breaker": {"failure_rate": 2}},
      "services.checkout.endpoints.order.steps[2].policies[1].circuit_breaker.failure_rate",
      "must be <= 1"),
-    ("services/checkout/endpoints/order/steps/2/policies/0", {"shaper": {}},
+    ("services/checkout/endpoints/order/steps/2/policies/0", {"teleport": {}},
      "services.checkout.endpoints.order.steps[2].policies[0]", "unknown policy"),
     ("services/checkout/endpoints/order/steps/2/policies/4", {"timeout": "-1s"},
      "services.checkout.endpoints.order.steps[2].policies[4].timeout", "duration such as"),

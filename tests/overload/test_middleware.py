@@ -43,6 +43,15 @@ class App:
         await send({"type": "http.response.body", "body": b"ok"})
 
 
+async def settle(done: Any, rounds: int = 10_000) -> None:
+    """Let the loop's other tasks run until ``done()`` holds (loop iterations, no clock)."""
+    for _ in range(rounds):
+        if done():
+            return
+        await asyncio.sleep(0)  # one loop iteration: no time passes on any clock
+    raise AssertionError("the condition never held")
+
+
 def client(app: Any, peer: str = "192.0.2.1") -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=(peer, 5000)),
                              base_url="http://shop")
@@ -106,8 +115,7 @@ async def test_a_shed_request_gets_503_retry_after_and_its_tier_before_the_app()
                                 retry_after=2.5, clock=clock, exempt=["/healthz"])
     async with client(mw) as c:
         held = [asyncio.create_task(c.get("/cart")) for _ in range(2)]
-        await asyncio.sleep(0.01)
-        assert mw.stats()["in_flight"] == 2
+        await settle(lambda: mw.stats()["in_flight"] == 2)
 
         read = []
 
@@ -163,10 +171,9 @@ async def test_a_waiting_request_gets_the_slot_when_one_frees() -> None:
     mw = LoadSheddingMiddleware(app, limit=1, queue_timeout=5.0)
     async with client(mw) as c:
         first = asyncio.create_task(c.get("/cart"))
-        await asyncio.sleep(0.01)
+        await settle(lambda: mw.stats()["in_flight"] == 1)
         second = asyncio.create_task(c.get("/cart"))
-        await asyncio.sleep(0.01)
-        assert mw.stats()["waiting"] == 1
+        await settle(lambda: mw.stats()["waiting"] == 1)
         app.gate.set()
         assert (await first).status_code == 200
         assert (await second).status_code == 200
@@ -274,7 +281,7 @@ def test_wsgi_under_a_real_threaded_server() -> None:
                 break
             except OSError:
                 assert time.monotonic() < deadline, "waitress did not start"
-                time.sleep(0.05)
+                time.sleep(0.05)  # real time: a real server process starting
         results: list[tuple[str, int]] = []
         lock = threading.Lock()
         barrier = threading.Barrier(40)

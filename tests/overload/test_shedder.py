@@ -114,12 +114,12 @@ def test_freed_slots_go_to_the_most_important_waiter_its_cap_allowing() -> None:
         tasks = [asyncio.create_task(wait(SHEDDABLE, "sheddable")),
                  asyncio.create_task(wait(DEGRADED, "degraded")),
                  asyncio.create_task(wait(CRITICAL, "critical"))]
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # virtual time (clock.run)
         s.release(a)
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # virtual time (clock.run)
         assert order == ["critical"]  # first in line by tier, though it came last
         s.release(b)
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # virtual time (clock.run)
         # one slot free of two: the degraded cap (1) is full, the sheddable cap (1) too
         assert order == ["critical"]
         assert s.stats()["waiting_by_tier"] == {"critical": 0, "degraded": 1, "sheddable": 1}
@@ -144,16 +144,16 @@ def test_a_standing_queue_sheds_arrivals_at_once_and_serves_newest_first() -> No
         got = await s.acquire_async(tier)
         if isinstance(got, Ticket):
             served.append(i)
-            await asyncio.sleep(0.010)  # each holds the one slot 10 ms: sojourns grow
+            await asyncio.sleep(0.010)  # each holds the one slot 10 ms: sojourns grow (virtual)
             s.release(got)
 
     async def main() -> None:
         held = s.try_acquire(CRITICAL)
         assert isinstance(held, Ticket)
         tasks = [asyncio.create_task(waiter(i, DEGRADED)) for i in range(30)]
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(0.001)  # virtual time (clock.run)
         s.release(held)
-        await asyncio.sleep(0.150)  # the queue has stood > 5 ms for more than 100 ms
+        await asyncio.sleep(0.150)  # the queue has stood > 5 ms for more than 100 ms (virtual)
         assert s.overloaded()
         shed = await s.acquire_async(SHEDDABLE)
         assert isinstance(shed, Shed)
@@ -170,7 +170,7 @@ def test_a_standing_queue_sheds_arrivals_at_once_and_serves_newest_first() -> No
         assert served[at:at + 3] == [100, 101, 102]
         assert all(i < 100 for i in served[:at])
         assert s.overloaded()  # the queue just emptied: short for less than 100 ms
-        await asyncio.sleep(0.101)
+        await asyncio.sleep(0.101)  # virtual time (clock.run)
         assert not s.overloaded()
         got = await s.acquire_async(SHEDDABLE)
         assert isinstance(got, Ticket)
@@ -189,7 +189,7 @@ def test_a_cancelled_waiter_never_leaks_a_slot() -> None:
         held = s.try_acquire(CRITICAL)
         assert isinstance(held, Ticket)
         task = asyncio.create_task(s.acquire_async(CRITICAL))
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # virtual time (clock.run)
         s.release(held)  # the slot is handed to the task...
         task.cancel()  # ...which is cancelled before it runs
         with pytest.raises(asyncio.CancelledError):
@@ -336,7 +336,7 @@ def test_every_request_gets_an_outcome_within_its_wait_and_caps_hold(
             outcomes.append("admitted")
             if got.in_flight > s.cap(tier):  # the slots taken at its admission, itself included
                 over.append(got.in_flight)
-            await asyncio.sleep(hold)
+            await asyncio.sleep(hold)  # virtual time (clock.run)
             s.release(got)
         else:
             outcomes.append("shed")
@@ -344,7 +344,7 @@ def test_every_request_gets_an_outcome_within_its_wait_and_caps_hold(
     async def main() -> None:
         tasks = []
         for gap, tier, hold in arrivals:
-            await asyncio.sleep(gap)
+            await asyncio.sleep(gap)  # virtual time (clock.run)
             tasks.append(asyncio.create_task(one(tier, hold)))
         await asyncio.gather(*tasks)
 
@@ -393,7 +393,7 @@ def test_threads_and_tasks_share_one_shedder() -> None:
                 shed.append(got)
                 continue
             work()
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # one loop iteration
             s.release(got)
 
     async def main() -> None:

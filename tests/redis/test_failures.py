@@ -365,7 +365,7 @@ async def test_async_connection_survives_an_idle_restart(srv: RedisServer,
     assert not (await limiter.hit("k", RULE)).degraded
     srv.stop()
     srv.restart()
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one loop iteration: the closed connection is noticed
     assert not (await limiter.hit("k", RULE)).degraded  # a fresh connection, no failure
     assert store.breaker.snapshot()[1] == 0
     srv.stop()

@@ -135,7 +135,8 @@ def test_a_reset_mid_flight_ends_every_check(resetting: ResettingServer, loop_ki
         # while the loop cannot see it; then 40 checks start in one iteration.
         resetting.go.set()
         assert resetting.reset_done.wait(5)
-        time.sleep(0.02)  # noqa: ASYNC251 - blocking the loop is the point: it must not see the RST
+        # real time, and blocking the loop is the point: it must not see the RST
+        time.sleep(0.02)  # noqa: ASYNC251
         rest = [asyncio.ensure_future(limiter.hit(f"k{i}", RULE)) for i in range(1, 41)]
         t = time.perf_counter()
         _, pending = await asyncio.wait([first, *rest], timeout=10 * timeout)

@@ -33,7 +33,14 @@ from stormguard.ratelimit.decision import Decision
 from stormguard.ratelimit.reservation import Reservation
 from stormguard.ratelimit.rule import Rule
 from stormguard.stores.base import Store, binding, check_cost, check_rules, key_error
-from stormguard.stores.hybrid.backend import Backend, Grant, LeaseRequest, backend_for
+from stormguard.stores.hybrid.backend import (
+    FORCED,
+    Backend,
+    BoardRead,
+    Grant,
+    LeaseRequest,
+    backend_for,
+)
 from stormguard.stores.hybrid.sketch import HotKeys
 
 __all__ = ["HybridDegraded", "HybridStore", "HybridSynced"]
@@ -43,11 +50,13 @@ _WINDOWS = frozenset({"fixed_window", "sliding_window_counter"})
 _LOCAL = frozenset({"fixed_window", "sliding_window_counter", "token_bucket", "gcra",
                     "leaky_bucket"})
 _SWEEP_ROUNDS = 16  # every 16 rounds, entries idle for as long are dropped
+# a key on the board is checked exactly (no allowance) for 2 windows after it frees
+_CONTENDED_WINDOWS = 2
 # the options of a hybrid+ URL's query, and their types
 _URL_OPTIONS: dict[str, type] = {
     "sync_interval": float, "hot_rate": float, "shards": int, "max_keys": int,
     "hot_period": float, "sketch_size": int, "outage_share": float, "deny_hold": float,
-    "name": str}  # sync rounds without a check before a key's entry is dropped
+    "cold_allowance": int, "board_size": int, "name": str}
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +84,8 @@ class _Entry:
     """One key under one rule in this process."""
 
     __slots__ = (
+        "aused",
+        "awin",
         "demand",
         "denied_cost",
         "denied_until",
@@ -87,6 +98,8 @@ class _Entry:
         "granted",
         "key",
         "lease",
+        "owed",
+        "owin",
         "rate",
         "remaining",
         "reset_at",
@@ -116,6 +129,10 @@ class _Entry:
         self.dshare = 1.0       # the share of the limit it enforces meanwhile
         self.dused = 0          # admitted while degraded, to charge on reconnection
         self.dwindow = 0
+        self.aused = 0          # admitted on the cold allowance in window `awin`
+        self.awin = -1
+        self.owed = 0           # admitted on the cold allowance, not charged yet (window owin)
+        self.owin = -1
 
 
 def _window_of(rule: Rule, now: int) -> int:
@@ -165,14 +182,24 @@ class HybridStore(Store):
     * ``outage_share``: the share of a key's limit this process enforces while the
       backend is unreachable (default: ``1 / peers``, the processes counted on the
       backend at the last sync rounds; what it took in the current window counts).
+    * ``cold_allowance``: ``a > 0`` admits, for a key this process holds no lease for
+      and has not seen busy, up to ``a`` units per window of the rule in memory, charged
+      to the key's backend counter at the next sync round (a forced add in the round's
+      round trip); the round reads the board of exhausted keys, which are then denied
+      locally until they free, and checked exactly (leases) for two windows more. Per
+      window the fleet admits at most ``limit + a x processes`` (docs/hybrid.md).
+      ``0`` (default): every unit is taken from the backend before it is spent.
+    * ``board_size``: the board entries one round reads at most.
 
     ``sliding_window_log`` is exact by definition: its checks always go to the backend.
     """
 
-    def __init__(self, backend: Store | str = "memory://", *, sync_interval: float | None = 0.1,
+    def __init__(  # noqa: PLR0915
+            self, backend: Store | str = "memory://", *, sync_interval: float | None = 0.1,
                  hot_rate: float = 0.0, shards: int = 1, max_keys: int = 100_000,
                  hot_period: float = 1.0, sketch_size: int = 1024,
                  outage_share: float | None = None, deny_hold: float | None = None,
+                 cold_allowance: int = 0, board_size: int = 4096,
                  name: str = "hybrid",
                  clock: Clock | None = None, listeners: Sequence[Listener] = (),
                  **backend_options: Any) -> None:
@@ -191,6 +218,9 @@ class HybridStore(Store):
             deny_hold = sync_interval if sync_interval is not None else 0.0
         self.deny_hold = validate.number("deny_hold", deny_hold, allow_zero=True)
         self._hold_us = round(self.deny_hold * 1e6)
+        self.cold_allowance = validate.integer("cold_allowance", cold_allowance,
+                                               minimum=0)
+        self.board_size = validate.integer("board_size", board_size, maximum=1 << 16)
         self._max_age_us = round(2 * (sync_interval or 0.1) * 1e6)
         self.name = validate.text("name", name)
         self._owns = isinstance(backend, str)
@@ -202,6 +232,12 @@ class HybridStore(Store):
                               "(wall_ns() is missing)")
         self._wall_ns = wall_ns
         self._b: Backend = backend_for(backend)
+        # the cold allowance: on one shard only (shards split the counter)
+        self._allow = self.cold_allowance if self.shards == 1 else 0
+        self._b.posting = self._allow > 0
+        self._board: OrderedDict[str, int] = OrderedDict()  # board id -> until (us)
+        self._board_seq = -1  # the last board sequence number read
+        self._cold_admitted = self._board_entries = 0
         self._listeners: list[Listener] = list(listeners)
         self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._denied: OrderedDict[tuple[str, str], tuple[int, int]] = OrderedDict()
@@ -512,6 +548,53 @@ class HybridStore(Store):
             e = self._entries[k] = _Entry(key, rule, now)
         return e
 
+    # -- the cold allowance ----------------------------------------------------------------
+    def _cold(self, key: str, rule: Rule, cost: int, now: int,
+              e: _Entry | None) -> Decision | None:
+        """A check of a key this process holds no lease for: denied when the board says
+        the key is exhausted, admitted on the allowance (charged at the next round), or
+        None: ask the backend (lock held)."""
+        if e is not None and (e.lease > 0 or e.rate > 0):
+            return None  # a key this process leases: exact
+        board = self._board
+        if board:
+            bid = self._b.board_id(key, rule)
+            until = board.get(bid)
+            if until is not None:
+                if now < until:  # exhausted on the backend: denied here until it frees
+                    e = self._entry(key, rule, now)
+                    e.denied_until = until
+                    e.denied_cost = 1
+                    e.demand += cost
+                    self._mark(e)
+                    self._denials_cached += 1
+                    return _new(Decision, (False, rule._algo.B, 0, (until - now) / 1e6,
+                                           (until - now) / 1e6, rule, False))
+                if now < until + _CONTENDED_WINDOWS * rule._algo.W:
+                    return None  # contended: exact, no allowance
+                del board[bid]
+        win = now // rule._algo.W
+        if e is None:
+            e = self._entry(key, rule, now)
+        if e.awin != win:
+            e.awin = win
+            e.aused = 0
+        if e.aused + cost > self._allow:
+            return None
+        e.aused += cost
+        if e.owin != win and rule.algorithm in _WINDOWS:
+            e.owed = 0  # (a window that ended without a round: nothing left to charge)
+        e.owed += cost
+        e.owin = win
+        e.demand += cost
+        self._mark(e)
+        self._local_decisions += 1
+        self._cold_admitted += 1
+        w = rule._algo.W
+        reset = w - now % w if rule.algorithm == "fixed_window" else 0
+        return _new(Decision, (True, rule._algo.B, max(0, e.remaining - e.owed), reset / 1e6,
+                               0.0, rule, False))
+
     # -- degraded: the shares held -------------------------------------------------------
     def _share_of(self, e: _Entry | None) -> float:
         """This process's share of a key's limit while the backend is unreachable: an
@@ -677,6 +760,11 @@ class HybridStore(Store):
                                            False))
                 e.demand -= cost  # counted again when the reply is folded in
             local = self._recovered_at != 0 and self._recovering(rule, now)
+            if self._allow and not local and not self._degraded:
+                d = self._cold(key, rule, cost, now, e)
+                if d is not None:
+                    return d
+                e = self._get((rule._id, key))
             want = self._want(e, now, cost) if e is not None else cost
         finally:
             self._release()
@@ -700,9 +788,13 @@ class HybridStore(Store):
             d = self._fast(key, rule, cost, now)
             if d is not None:
                 return d
+            local = self._recovered_at != 0 and self._recovering(rule, now)
+            if self._allow and not local and not self._degraded:
+                d = self._cold(key, rule, cost, now, self._entries.get((rule._id, key)))
+                if d is not None:
+                    return d
             e = self._entries.get((rule._id, key))
             want = self._want(e, now, cost) if e is not None else cost
-            local = self._recovered_at != 0 and self._recovering(rule, now)
         if self._degraded or local:
             return self._degraded_hit(key, rule, cost)
         try:
@@ -934,6 +1026,8 @@ class HybridStore(Store):
                     requests.append((bkey, brule, min(e.dused, brule._algo.B), 0))
                 else:
                     e.dused = 0  # that window is over
+            if e.owed > 0:  # admitted on the cold allowance: charged in this round
+                self._owe(e, now, entries, requests)
             if self._recovering(rule, now):
                 continue  # still on its outage share: no lease this window
             e.dentry = None
@@ -944,15 +1038,27 @@ class HybridStore(Store):
             entries.append(e)
             requests.append((bkey, brule, min(need, brule._algo.B), 1))
         self._rounds += 1
-        drop = []
         if self._rounds % _SWEEP_ROUNDS == 0:  # now and then, forget the idle entries
-            idle = _SWEEP_ROUNDS * interval_us
-            drop = [k for k, e in live.items()
-                    if not e.dirty and e.dused == 0 and e.denied_until <= now
-                    and e.dentry is None and now - e.synced_at > idle]
-        for k in drop:
-            self._voided += self._entries.pop(k).lease
+            self._sweep(now, _SWEEP_ROUNDS * interval_us)
         return entries, requests
+
+    def _sweep(self, now: int, idle: int) -> None:
+        live = self._entries
+        drop = [k for k, e in live.items()
+                if not e.dirty and e.dused == 0 and e.denied_until <= now
+                and e.dentry is None and now - e.synced_at > idle]
+        for k in drop:
+            self._voided += live.pop(k).lease
+
+    def _owe(self, e: _Entry, now: int, entries: list[_Entry | None],
+             requests: list[LeaseRequest]) -> None:
+        """Charge what ``e`` admitted on the cold allowance: a forced add in the round."""
+        rule = e.rule
+        if rule.algorithm not in _WINDOWS or _window_of(rule, now) == e.owin:
+            bkey, brule = self._backend_key(e.key, rule)
+            entries.append(e)
+            requests.append((bkey, brule, min(e.owed, brule._algo.B), FORCED))
+        e.owed = 0
 
     def _topup(self, e: _Entry, now: int, interval_us: int) -> int:
         """Close the entry's round (its demand becomes its rate); the units its lease
@@ -988,15 +1094,21 @@ class HybridStore(Store):
                 entries, requests = self._plan(now)
                 self._last_sync = now
             trips = self._b.round_trips
+            board: BoardRead = None
             if requests and not (was_degraded and len(requests) == 0):
-                grants = self._b.lease_many(requests)
+                grants, board = self._b.sync_many(requests, self._since(), self.board_size)
             elif was_degraded:
                 grants = []
                 if not self._probe():
                     return self._round(0, 0, 0, 0, start)
             else:
                 return self._round(0, 0, 0, 0, start)
-            return self._fold(entries, requests, grants, now, was_degraded, trips, start)
+            return self._fold(entries, requests, grants, now, was_degraded, trips, start,
+                              board)
+
+    def _since(self) -> int | None:
+        """The board's last sequence number read, when rounds read the board."""
+        return self._board_seq if self._allow and self._b.has_board else None
 
     async def async_sync(self) -> dict[str, Any]:
         """:meth:`sync` on the running event loop."""
@@ -1007,15 +1119,17 @@ class HybridStore(Store):
             entries, requests = self._plan(now)
             self._last_sync = now
         trips = self._b.round_trips
+        board: BoardRead = None
         if requests:
-            grants = await self._b.alease_many(requests)
+            grants, board = await self._b.async_sync_many(requests, self._since(),
+                                                          self.board_size)
         elif was_degraded:
             grants = []
             if not await self.backend.aping():
                 return self._round(0, 0, 0, 0, start)
         else:
             return self._round(0, 0, 0, 0, start)
-        return self._fold(entries, requests, grants, now, was_degraded, trips, start)
+        return self._fold(entries, requests, grants, now, was_degraded, trips, start, board)
 
     def _probe(self) -> bool:
         try:
@@ -1025,19 +1139,31 @@ class HybridStore(Store):
 
     def _fold(self, entries: list[_Entry | None], requests: list[LeaseRequest],
               grants: list[Grant | StorageError], now: int, was_degraded: bool, trips: int,
-              start: float) -> dict[str, Any]:
+              start: float, board: BoardRead = None) -> dict[str, Any]:
         failed = 0
         granted = 0
         error = ""
         with self._lock:
+            if board is not None:
+                self._read_board(board, now)
             for e, req, g in zip(entries, requests, grants, strict=True):
                 if isinstance(g, StorageError):
                     failed += 1
                     error = str(g)
+                    if e is not None and req[3] == FORCED:
+                        e.owed += req[2]  # charged in a later round of the same window
                     continue
                 if e is None:  # the peer count: this window's, or the last whole one's
                     self._peer_count = max(self._peer_count, self._peer_rule._algo.B - g[1])
                     self._peers = max(1, self._peer_count, self._peers_last)
+                    continue
+                if req[3] == FORCED:  # a charge of the cold allowance: where the key stands
+                    e.remaining = g[1]
+                    e.reset_at = now + g[2]
+                    if g[3] > 0:  # exhausted: denied here until it frees
+                        e.denied_until = max(e.denied_until, now + self._hold(e.rule, now,
+                                                                              g[3]))
+                        e.denied_cost = 1
                     continue
                 if req[3] == 0:  # a charge of what was admitted on the outage share
                     e.dused = 0  # charged (as much as the counter could take)
@@ -1060,6 +1186,19 @@ class HybridStore(Store):
         keys = sum(1 for e in entries if e is not None)
         self._keys_synced += keys
         return self._round(keys, granted, self._b.round_trips - trips, failed, start)
+
+    def _read_board(self, board: tuple[int, list[tuple[int, str]]], now: int) -> None:
+        """The board's entries since the last round: keys exhausted on the backend."""
+        seq, items = board
+        self._board_seq = seq
+        b = self._board
+        for until, bid in items:
+            if until > now:
+                b[bid] = until
+                b.move_to_end(bid)
+        self._board_entries += len(items)
+        while len(b) > self.max_keys:
+            b.popitem(last=False)
 
     def _round(self, keys: int, granted: int, trips: int, failed: int,
                start: float) -> dict[str, Any]:
@@ -1137,6 +1276,9 @@ class HybridStore(Store):
             "local_keys": local_keys,
             "peers": self._peers if self._peers < 1 << 30 else None,
             "hot_keys": len(self._hot.hot) if self._hot is not None else None,
+            "cold_admitted": self._cold_admitted,
+            "board_entries": self._board_entries,
+            "board_keys": len(self._board),
         }
 
     def close(self) -> None:

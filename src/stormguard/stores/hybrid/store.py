@@ -686,6 +686,7 @@ class HybridStore(Store):
                                     rule, False))
             else:
                 self._b._trips += 1
+                self._b.direct += 1  # one standalone script run
                 self._b.ops += 1
                 d = self.backend.hit(key, rule, cost)
         except StorageError as exc:
@@ -710,6 +711,7 @@ class HybridStore(Store):
                                     rule, False))
             else:
                 self._b._trips += 1
+                self._b.direct += 1  # one standalone script run
                 self._b.ops += 1
                 d = await self.backend.ahit(key, rule, cost)
         except StorageError as exc:
@@ -823,6 +825,7 @@ class HybridStore(Store):
         bkey, brule = self._backend_key(key, rule)
         try:
             self._b._trips += 1
+            self._b.direct += 1  # one standalone script run
             self._b.ops += 1
             return self.backend.peek(bkey, brule, cost).replace(rule=rule)
         except StorageError as exc:
@@ -856,6 +859,7 @@ class HybridStore(Store):
                 return self._degraded_all(key, rules, cost)
             try:
                 self._b._trips += 1
+                self._b.direct += 1  # one standalone script run
                 self._b.ops += 1
                 self._direct_checks += 1
                 return self.backend.hit_all(key, rules, cost)
@@ -916,6 +920,7 @@ class HybridStore(Store):
         processes are already taken from the same counter)."""
         bkey, brule = self._backend_key(key, rule)
         self._b._trips += 1
+        self._b.direct += 1  # one standalone script run
         self._b.ops += 1
         return self.backend.reserve(bkey, brule, cost, max_wait=max_wait, book=book)
 
@@ -931,6 +936,7 @@ class HybridStore(Store):
                 self._denied.pop((r._id, key), None)
         for r in rules:
             self._b._trips += 1
+            self._b.direct += 1  # one standalone script run
             self._b.ops += 1
             if self.shards == 1 or r.algorithm not in _LOCAL:
                 self.backend.reset(key, r)
@@ -959,6 +965,7 @@ class HybridStore(Store):
         bkey, brule = self._backend_key(key, rule)
         try:
             self._b._trips += 1
+            self._b.direct += 1  # one standalone script run
             self._b.ops += 1
             return (await self.backend.apeek(bkey, brule, cost)).replace(rule=rule)
         except StorageError as exc:
@@ -974,6 +981,7 @@ class HybridStore(Store):
                        max_wait: float | None = None, book: bool = True) -> Reservation:
         bkey, brule = self._backend_key(key, rule)
         self._b._trips += 1
+        self._b.direct += 1  # one standalone script run
         self._b.ops += 1
         return await self.backend.areserve(bkey, brule, cost, max_wait=max_wait, book=book)
 

@@ -96,11 +96,14 @@ for i = 1, n do
   local key = KEYS[i]
   local granted, rem, reset, retry = 0, 0, 0, 0
   if min < 0 and code == 'fw' then
-    -- forced add on a fixed window: one GET, one SET
-    local v = redis.call('GET', key)
+    -- forced add on a fixed window: one SET when the key is new (the common case of a
+    -- cold key: SET NX GET creates it, or answers what it holds), a second one otherwise
     local w = fdiv(now, W)
     local t = now
+    local e = (w + 1) * W
     local used = 0
+    local v = redis.call('SET', key, fmt(w) .. ' ' .. fmt(want), 'NX', 'GET', 'PX',
+                         ttl_ms(e, t))
     if v then
       local a, b = string.match(v, '^(%S+) (%S+)')
       a = tonumber(a)
@@ -108,14 +111,14 @@ for i = 1, n do
         if a > w then
           w = a
           t = w * W
+          e = (w + 1) * W
         end
         used = tonumber(b)
       end
+      redis.call('SET', key, fmt(w) .. ' ' .. fmt(used + want), 'PX', ttl_ms(e, t))
     end
-    local e = (w + 1) * W
     local was = N - used
     used = used + want
-    redis.call('SET', key, fmt(w) .. ' ' .. fmt(used), 'PX', ttl_ms(e, t))
     granted = want
     rem = N - used
     reset = e - t

@@ -7,7 +7,8 @@ On one private redis-server (a free loopback port, no persistence), each operati
 ``--n`` times from one client and measured with ``INFO commandstats``: the ``usec`` Redis
 spent in ``EVALSHA`` (the script with every command it calls; the counters are reset
 before each measurement), per call and per key; each row is the minimum over
-``--repeat`` runs (a descheduled server inflates ``usec`` on a loaded machine). Also shown: the server process's CPU
+``--repeat`` runs (a descheduled server inflates ``usec`` on a loaded machine). Also
+shown: the server process's CPU
 time (``used_cpu_user + used_cpu_sys`` of ``INFO cpu``) per key, which adds the network
 and parsing work ``commandstats`` leaves out (noisy on a shared machine).
 
@@ -21,7 +22,8 @@ and parsing work ``commandstats`` leaves out (noisy on a shared machine).
 
 From the batches of 1, 16 and 64 keys a linear fit ``fixed + b x per_key`` gives the
 fixed cost of one script run and the cost of one key in it (the 256-key row is shown as
-a check: a script that long is the likeliest to be descheduled on a shared machine); the last lines print them as the figures
+a check: a script that long is the likeliest to be descheduled on a shared machine); the
+last lines print them as the figures
 ``stormguard.sim.fleet.REDIS_COSTS`` holds.
 """
 

@@ -30,7 +30,8 @@ def test_the_allowance_is_admitted_locally_and_charged_at_the_next_round(
     backend, (a, b) = fleet(clock, 2, allowance=2)
     rule = Rule(10, 1, algorithm="fixed_window")
     trips = a.stats()["backend_round_trips"]
-    assert a.hit("u", rule).allowed and a.hit("u", rule).allowed
+    assert a.hit("u", rule).allowed
+    assert a.hit("u", rule).allowed
     assert a.stats()["backend_round_trips"] == trips  # no round trip: the allowance
     assert a.stats()["cold_admitted"] == 2
     assert backend.peek("u", rule).remaining == 10  # not charged yet
@@ -51,7 +52,7 @@ def test_the_allowance_is_admitted_locally_and_charged_at_the_next_round(
 
 
 def test_an_exhausted_key_is_denied_everywhere_after_one_round(clock: FakeClock) -> None:
-    backend, members = fleet(clock, 4, allowance=1)
+    _, members = fleet(clock, 4, allowance=1)
     rule = Rule(3, 1, algorithm="fixed_window")
     a, b = members[0], members[1]
     # a exhausts the key: its allowance, then leases
@@ -158,7 +159,7 @@ def run(algorithm: str, limit: int, window: float, trace: list[tuple[int, int, f
 def test_fixed_window_admits_at_most_limit_plus_a_per_process_per_window(
         trace: list[tuple[int, int, float, bool]], limit: int, allowance: int,
         keys: int) -> None:
-    admitted, members = run("fixed_window", limit, 1.0, trace, allowance, keys)
+    admitted, _ = run("fixed_window", limit, 1.0, trace, allowance, keys)
     per_window = Counter[tuple[str, int]]()
     for t, cost, key in admitted:
         per_window[key, int(t // 1.0)] += cost
@@ -232,7 +233,8 @@ def test_forced_adds_and_the_board_on_redis(redis_url: str, clock: FakeClock,
         a.sync()  # a reads the board
         trips = a.stats()["backend_round_trips"]
         d = a.hit(key, rule)
-        assert not d.allowed and d.retry_after > 0
+        assert not d.allowed
+        assert d.retry_after > 0
         assert a.stats()["backend_round_trips"] == trips  # denied in memory
         assert a.stats()["board_keys"] >= 1
         for m in (b, c):  # their own replies said so

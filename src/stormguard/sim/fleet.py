@@ -36,9 +36,10 @@ false denials (denied requests of key-seconds whose demand was within the limit:
 perfect limiter admits them all). Not modelled: the round trip's duration in the
 store's decisions (a reply is applied at the moment its request is sent).
 
-The hybrid store runs with ``cold_allowance`` (default here 1): a key a server holds no
-lease for is admitted on it once per window and charged at the next round, the board
-telling every server of the region which keys are exhausted (docs/hybrid.md).
+``cold_allowance`` (default 0, the store's: every unit leased before it is spent) sets
+the hybrid stores' cold allowance: with 1, a key a server holds no lease for is
+admitted on it once per window and charged at the next round, the board telling every
+server of the region which keys are exhausted (docs/hybrid.md).
 
 ``stormguard simulate fleet`` runs it at a tenth of the full rate for 2 s of virtual
 time (a few seconds of real time); ``--rate 1000000`` is the full scale (about a minute:
@@ -394,7 +395,7 @@ def hybrid_parts(kinds: dict[str, int], costs: dict[str, float]) -> dict[str, fl
 def simulate(  # noqa: PLR0915
     *, rate: float = FULL_RATE, seconds: float = 2.0, users: int = 10_000_000,
     zipf: float = 1.0, balance: Balance = "random", hot_rate: float = 0.0,
-    node_ops: float = 117_000, seed: int = 7, cold_allowance: int = 1,
+    node_ops: float = 117_000, seed: int = 7, cold_allowance: int = 0,
     redis_costs: dict[str, float] | None = None,
 ) -> Fleet:
     """Run the fleet for ``seconds`` of virtual time at ``rate`` requests per second.
@@ -543,7 +544,7 @@ def simulate(  # noqa: PLR0915
 
 def report(*, rate: float = QUICK_RATE, seconds: float = 2.0, users: int = 10_000_000,
            zipf: float = 1.0, balance: Balance = "random", hot_rate: float = 0.0,
-           node_ops: float = 117_000, seed: int = 7, cold_allowance: int = 1,
+           node_ops: float = 117_000, seed: int = 7, cold_allowance: int = 0,
            redis_costs: dict[str, float] | None = None) -> Report:
     """The fleet as ``stormguard simulate fleet`` shows it: a tenth of the full rate by
     default (a few seconds); ``rate=FULL_RATE`` is the 1,000,000 requests per second run."""

@@ -1,5 +1,6 @@
 """The cold allowance and the board of exhausted keys: several HybridStores on one backend
-on a FakeClock (and on a real Redis), with the bound of docs/hybrid.md as properties."""
+on a FakeClock (and on a real Redis), with the bound of docs/hybrid.md as properties; and
+the outage share by demand."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stormguard import ConfigError, HybridStore, MemoryStore, RedisStore, Rule, stores
+from stormguard._core.errors import StorageError
+from stormguard.ratelimit.decision import Decision
 from stormguard.testing import FakeClock
 
 START = 1_700_000_040.0
@@ -249,3 +252,63 @@ def test_forced_adds_and_the_board_on_redis(redis_url: str, clock: FakeClock,
         for m in (a, b, c):
             m.close()
         direct.close()
+
+
+# -- the outage share: the part of the fleet's demand each process held -------------------
+class Flaky(MemoryStore):
+    """A memory backend that can be taken down (every call raises, ping answers False)."""
+
+    down = False
+
+    def hit(self, key: object, rule: Rule, cost: object = 1) -> Decision:
+        if self.down:
+            raise StorageError("down")
+        return super().hit(key, rule, cost)
+
+    def peek(self, key: object, rule: Rule, cost: object = 1) -> Decision:
+        if self.down:
+            raise StorageError("down")
+        return super().peek(key, rule, cost)
+
+    def ping(self) -> bool:
+        return not self.down
+
+
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window_counter"])
+def test_during_an_outage_each_process_keeps_its_part_of_the_demand(
+        clock: FakeClock, algorithm: str) -> None:
+    clock.set_wall((clock.wall() // 2 + 1) * 2)  # the start of a window
+    backend = Flaky(clock=clock)
+    members = [HybridStore(backend, sync_interval=None, clock=clock, deny_hold=0.1)
+               for _ in range(8)]
+    for m in members:
+        m.sync()
+    rule = Rule(1000, 2, algorithm=algorithm)
+    weights = [0.9] + [0.1 / 7] * 7
+
+    def drive(seconds: float) -> list[int]:
+        """1500 per second (3x), 90 % to process 0; admitted per process."""
+        credit = [0.0] * 8
+        admitted = [0] * 8
+        for i in range(round(seconds * 1500)):
+            for j in range(8):
+                credit[j] += weights[j]
+            j = max(range(8), key=credit.__getitem__)
+            credit[j] -= 1.0
+            admitted[j] += members[j].hit("k", rule).allowed
+            clock.advance(1 / 1500)
+            if i % 150 == 149:
+                for m in members:
+                    m.sync()
+        return admitted
+
+    drive(4.0)  # two windows with the backend up: the parts are learned
+    backend.down = True
+    during = drive(2.0)  # one whole window without it
+    assert all(m.stats()["degraded"] for m in members)
+    # the fleet stays near the limit (each part is measured at the process's own last
+    # reply of the window, so the parts may sum to a little more than the whole), and the
+    # busy process keeps most of it: an equal share would leave it 125 of its 1350
+    assert sum(during) <= 1.05 * 1000, during
+    assert during[0] >= 0.8 * 1000, during
+    assert all(5 <= c <= 50 for c in during[1:]), during

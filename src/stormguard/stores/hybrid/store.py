@@ -104,6 +104,7 @@ class _Entry:
         "remaining",
         "reset_at",
         "rule",
+        "share",
         "synced_at",
         "used",
         "window",
@@ -133,6 +134,8 @@ class _Entry:
         self.awin = -1
         self.owed = 0           # admitted on the cold allowance, not charged yet (window owin)
         self.owin = -1
+        self.share = -1.0       # windows: this process's part of what the fleet took in
+                                # the last window it leased in (-1: unknown)
 
 
 def _window_of(rule: Rule, now: int) -> int:
@@ -180,8 +183,10 @@ class HybridStore(Store):
       over its limit costs about one round trip per ``deny_hold`` per process; the
       capacity freed meanwhile is not lost, another process or the next lease takes it.
     * ``outage_share``: the share of a key's limit this process enforces while the
-      backend is unreachable (default: ``1 / peers``, the processes counted on the
-      backend at the last sync rounds; what it took in the current window counts).
+      backend is unreachable (default: for the window algorithms, its part of the
+      fleet's demand at the last successful sync, with a floor; otherwise ``1 / peers``,
+      the processes counted on the backend at the last sync rounds; what it took in the
+      current window counts).
     * ``cold_allowance``: ``a > 0`` admits, for a key this process holds no lease for
       and has not seen busy, up to ``a`` units per window of the rule in memory, charged
       to the key's backend counter at the next sync round (a forced add in the round's
@@ -485,6 +490,7 @@ class HybridStore(Store):
         (when the request left: the earliest the backend could have answered)."""
         granted, remaining, reset_us, _retry, bnow = g
         rule = e.rule
+        last = e.remaining
         e.remaining = remaining
         e.reset_at = sent + reset_us
         if rule.algorithm in _WINDOWS:
@@ -492,6 +498,10 @@ class HybridStore(Store):
             window = bnow // w
             expires = sent + ((window + 1) * w - bnow)
             if window != e.window:
+                if e.window >= 0:  # the old window closes: the part of it this process took
+                    s = self._part(e.granted, rule._algo.B - last, rule._algo.B)
+                    if s is not None:
+                        e.share = s
                 # a lease of another window: what is left of the old one is void
                 self._voided += e.lease
                 e.lease = 0
@@ -596,12 +606,34 @@ class HybridStore(Store):
                                0.0, rule, False))
 
     # -- degraded: the shares held -------------------------------------------------------
+    @staticmethod
+    def _part(mine: int, taken: int, capacity: int) -> float | None:
+        """This process's part of what the fleet took from a window's counter, when the
+        fleet took enough of it (a quarter of the capacity) to say."""
+        if taken <= 0 or 4 * taken < capacity:
+            return None
+        return min(1.0, mine / taken)
+
     def _share_of(self, e: _Entry | None) -> float:
-        """This process's share of a key's limit while the backend is unreachable: an
-        equal share of the processes seen at the last sync rounds."""
+        """This process's share of a key's limit while the backend is unreachable: for
+        the window algorithms, its part of the fleet's demand at the last successful
+        sync (what it took of what the fleet took from the key's counter in the last
+        whole window it leased in, or in the current one),
+        with a floor of a twentieth of an equal share (the parts sum to the limit);
+        otherwise, and with no history of the key, an equal share of the processes seen
+        at the last sync rounds."""
         if self.outage_share is not None:
             return self.outage_share
-        return 1.0 / max(1, self._peers if self._peers < 1 << 30 else 1)
+        peers = max(1, self._peers if self._peers < 1 << 30 else 1)
+        if e is not None and e.rule.algorithm in _WINDOWS:
+            # the last whole window's part, else the current one's (a sliding window's
+            # remaining still holds the weight of the previous window: whole windows first)
+            part = e.share if e.share >= 0 else self._part(
+                e.granted, e.rule._algo.B - e.remaining, e.rule._algo.B)
+            if part is not None:
+                floor = 1.0 / (20 * peers)
+                return floor + (1.0 - peers * floor) * part
+        return 1.0 / peers
 
     def _outage_rule(self, rule: Rule, share: float) -> Rule:
         """``rule`` with its limit (and burst) cut to ``share`` of it, rounded down."""

@@ -23,6 +23,7 @@ local now = now_us(ARGV[1])
 local n = tonumber(ARGV[2])
 local out = {now}
 local posts = {}
+local FW = {}  -- per window length W: {window, "window ", its end, TTL ms}
 
 -- a forced add: the state after `add` more units, whatever the limit (the formulas of
 -- the algorithms' decide, without the check); fixed_window, the common case, inline below
@@ -97,13 +98,18 @@ for i = 1, n do
   local granted, rem, reset, retry = 0, 0, 0, 0
   if min < 0 and code == 'fw' then
     -- forced add on a fixed window: one SET when the key is new (the common case of a
-    -- cold key: SET NX GET creates it, or answers what it holds), a second one otherwise
-    local w = fdiv(now, W)
-    local t = now
-    local e = (w + 1) * W
+    -- cold key: SET NX GET creates it, or answers what it holds), a second one otherwise;
+    -- the window, its end and the TTL computed once per window length in the call
+    local fw = FW[W]
+    if not fw then
+      local w = fdiv(now, W)
+      local e = (w + 1) * W
+      fw = {w, fmt(w) .. ' ', e, ttl_ms(e, now)}
+      FW[W] = fw
+    end
+    local w, t, e = fw[1], now, fw[3]
     local used = 0
-    local v = redis.call('SET', key, fmt(w) .. ' ' .. fmt(want), 'NX', 'GET', 'PX',
-                         ttl_ms(e, t))
+    local v = redis.call('SET', key, fw[2] .. ARGV[j + 4], 'NX', 'GET', 'PX', fw[4])
     if v then
       local a, b = string.match(v, '^(%S+) (%S+)')
       a = tonumber(a)

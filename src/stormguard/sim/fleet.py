@@ -234,6 +234,8 @@ class Fleet:
     kinds: dict[str, int]
     cold_allowance: int
     costs: dict[str, float]
+    # Redis µs per second after the first second (strategy -> µs/s; empty: a short run)
+    late_redis_us_per_s: dict[str, float]
     elapsed: float  # real seconds the run took
     # per SAMPLE of virtual time: (end time, checks, hybrid ops, global ops,
     # admitted per strategy and key class)
@@ -265,6 +267,8 @@ class Fleet:
                 "backend_ops_per_s": per_s, "redis_nodes_by_ops": per_s / self.node_ops,
                 "redis_us_per_s": self.redis_us[name] / self.seconds,
                 "redis_nodes": self.nodes(name),
+                "redis_nodes_after_first_second": (self.late_redis_us_per_s[name] / 1e6
+                                                   if self.late_redis_us_per_s else None),
                 "round_trips_per_server_per_s": trips,
                 "ops_cut": direct / max(1.0, per_s),
                 "redis_time_cut": self.redis_us["redis"] / max(1.0, self.redis_us[name])}
@@ -318,6 +322,11 @@ class Fleet:
             f"{g_ops / n:.1f} | {self.nodes('global') * 1e3:,.0f} | "
             f"{self.nodes('global'):.2f} | {ops['global'][1]:,.1f} |",
             "",
+            *([f"Redis nodes (Redis time) after the first second: every check on Redis "
+               f"{self.late_redis_us_per_s['redis'] / 1e6:.2f}, HybridStore "
+               f"{self.late_redis_us_per_s['hybrid'] / 1e6:.2f}, GLOBAL-like "
+               f"{self.late_redis_us_per_s['global'] / 1e6:.2f}", ""]
+              if self.late_redis_us_per_s else []),
             "HybridStore's Redis time by kind (ms per s): " + ", ".join(
                 f"{k} {v / self.seconds / 1e3:,.0f}" for k, v in self._hybrid_parts().items()),
             "",
@@ -451,9 +460,20 @@ def simulate(  # noqa: PLR0915
             return servers[zlib.crc32(key.encode(), 1) % len(servers)]
         return servers[int(rng.random() * len(servers))]
 
+    kind_names = ("scripts", "lease_keys", "owe_keys", "posts", "board_reads", "direct")
+    # at the end of the first whole window: the counters so far (the warm-up)
+    warm: dict[str, Any] = {}
+
+    def snapshot() -> dict[str, Any]:
+        return {"at": eng.now, "kinds": {k: sum(getattr(s._b, k) for s in stores)
+                                         for k in kind_names},
+                "direct_us": direct_us[0], "glob": (glob.batches, glob.ops)}
+
     def tick() -> None:
         window = int(clock.wall())
         if window != window_of[0]:
+            if not warm and tallies["hybrid"]["user"].window:
+                warm.update(snapshot())
             for t in tallies.values():
                 for kc, tally in t.items():
                     tally.close_window(limits[kc])
@@ -527,19 +547,29 @@ def simulate(  # noqa: PLR0915
         for n, tally in t.items():
             tally.close_window(limits[n])
     elapsed = time.perf_counter() - wall
-    kinds = {k: sum(getattr(s._b, k) for s in stores)
-             for k in ("scripts", "lease_keys", "owe_keys", "posts", "board_reads", "direct")}
-    redis_us = {"redis": direct_us[0],
-                "hybrid": sum(hybrid_parts(kinds, costs).values()),
+    end = snapshot()
+    kinds = end["kinds"]
+
+    def redis_time(snap: dict[str, Any]) -> dict[str, float]:
+        batches, gops = snap["glob"]
+        return {"redis": snap["direct_us"],
+                "hybrid": sum(hybrid_parts(snap["kinds"], costs).values()),
                 # the same model: a batch is a script run, each key in it a forced add
-                "global": glob.batches * costs["script"] + glob.ops * costs["owe_key"]}
+                "global": batches * costs["script"] + gops * costs["owe_key"]}
+
+    redis_us = redis_time(end)
+    late: dict[str, float] = {}
+    if warm and end["at"] > warm["at"]:
+        first = redis_time(warm)
+        late = {k: (v - first[k]) / (end["at"] - warm["at"]) for k, v in redis_us.items()}
     return Fleet(
         rate=rate, seconds=seconds, users=users, zipf=zipf, balance=balance,
         hot_rate=hot_rate, node_ops=node_ops, seed=seed, classes=classes, tallies=tallies,
         hybrid_ops=sum(s._b.ops for s in stores),
         hybrid_trips=sum(s._b.round_trips for s in stores),
         global_ops=glob.ops, global_trips=glob.trips, elapsed=elapsed, samples=samples,
-        redis_us=redis_us, kinds=kinds, cold_allowance=cold_allowance, costs=costs)
+        redis_us=redis_us, kinds=kinds, cold_allowance=cold_allowance, costs=costs,
+        late_redis_us_per_s=late)
 
 
 def report(*, rate: float = QUICK_RATE, seconds: float = 2.0, users: int = 10_000_000,

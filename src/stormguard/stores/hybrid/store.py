@@ -97,6 +97,7 @@ class _Entry:
         "expires",
         "granted",
         "key",
+        "last_granted",
         "lease",
         "owed",
         "owin",
@@ -134,6 +135,7 @@ class _Entry:
         self.awin = -1
         self.owed = 0           # admitted on the cold allowance, not charged yet (window owin)
         self.owin = -1
+        self.last_granted = 0   # windows: what it took in the last whole window it leased in
         self.share = -1.0       # windows: this process's part of what the fleet took in
                                 # the last window it leased in (-1: unknown)
 
@@ -371,8 +373,16 @@ class HybridStore(Store):
             # a window's lease is void at its end: ask for no more than the demand until then
             w = rule._algo.W
             more = min(more, int(e.rate * (w - now % w)))
-        # and never more than this process's share of what the backend had left
-        more = min(more, e.remaining // self._peers)
+        # and never more than this process's share of what the backend had left; a key
+        # this process alone took from in its last whole window (a balancer that sends it
+        # here only) may take what it took then, for the rest of this window, of all
+        # that is left: no other process asks for it
+        share = e.remaining // self._peers
+        if rule.algorithm in _WINDOWS and e.share >= 0.99 and e.last_granted > 0:
+            w = rule._algo.W
+            more = max(more, e.last_granted * (w - now % w) // w)
+            share = e.remaining
+        more = min(more, share)
         return max(cost, min(cap, cost + more))
 
     def _interval_us(self, now: int) -> int:
@@ -502,6 +512,7 @@ class HybridStore(Store):
                     s = self._part(e.granted, rule._algo.B - last, rule._algo.B)
                     if s is not None:
                         e.share = s
+                        e.last_granted = e.granted
                 # a lease of another window: what is left of the old one is void
                 self._voided += e.lease
                 e.lease = 0
@@ -1198,8 +1209,9 @@ class HybridStore(Store):
                     self._peers = max(1, self._peer_count, self._peers_last)
                     continue
                 if req[3] == FORCED:  # a charge of the cold allowance: where the key stands
-                    e.remaining = g[1]
-                    e.reset_at = now + g[2]
+                    self._credit(e, (0, g[1], g[2], 0, g[4]), now)
+                    if e.rule.algorithm in _WINDOWS:
+                        e.granted += req[2]  # taken from the counter by this process
                     if g[3] > 0:  # exhausted: denied here until it frees
                         e.denied_until = max(e.denied_until, now + self._hold(e.rule, now,
                                                                               g[3]))

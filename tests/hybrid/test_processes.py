@@ -2,7 +2,8 @@
 then the same processes through a Redis killed (SIGKILL) and restarted.
 
 Real time is the point here (the processes' sync threads, Redis TIME and the network
-run on it), so this test waits on the wall clock; it is bounded (about 20 s).
+run on it), so this test waits on the wall clock; it is bounded (about 20 s per run: once
+with every key local, once with `hot_rate=50`, keys switching between local and direct).
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ def _share(i: int, skewed: bool) -> float:
     return 0.9 if i == 0 else 0.1 / (PROCS - 1)
 
 
-def worker(i: int, url: str, barrier: Any, start: Any, out: Any) -> None:
-    store = HybridStore(url, sync_interval=0.1, timeout=1.0)
+def worker(i: int, url: str, barrier: Any, start: Any, out: Any, hot_rate: float) -> None:
+    store = HybridStore(url, sync_interval=0.1, timeout=1.0, hot_rate=hot_rate)
     rules = {name: Rule(1000, WINDOW, algorithm=a) for name, (a, _, _) in SCENARIOS.items()}
     rates = {name: rate * _share(i, skew) for name, (_, rate, skew) in SCENARIOS.items()}
     sent = dict.fromkeys(SCENARIOS, 0)
@@ -100,14 +101,19 @@ def worker(i: int, url: str, barrier: Any, start: Any, out: Any) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_eight_processes_on_one_redis_stay_within_3_percent() -> None:
+@pytest.mark.parametrize("hot_rate", [0.0, 50.0], ids=["all-local", "hot_rate=50"])
+def test_eight_processes_on_one_redis_stay_within_3_percent(hot_rate: float) -> None:
+    """With ``hot_rate=50`` the keys switch: every key starts on the direct path; the
+    even scenarios (about 190 checks per second per process) and process 0 of the skewed
+    ones (1,350) turn local, the other processes of the skewed ones (about 20) stay
+    direct, the under-80 % user (50 per process) sits at the threshold."""
     server = start_redis()
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(PROCS + 1)
     start = ctx.Value("d", 0.0)
     out = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(i, server.url, barrier, start, out), daemon=True)
-             for i in range(PROCS)]
+    procs = [ctx.Process(target=worker, args=(i, server.url, barrier, start, out, hot_rate),
+                         daemon=True) for i in range(PROCS)]
     try:
         for p in procs:
             p.start()
@@ -156,6 +162,9 @@ def test_eight_processes_on_one_redis_stay_within_3_percent() -> None:
             offered = 1000 + 500 * (offered_until - t0)
             assert counts[0] >= 0.97 * offered, (name, counts, offered)
     assert sum(r[4]["local_decisions"] for r in results) > 0
+    if hot_rate:  # both paths were taken: keys switched between local and direct
+        assert sum(r[4]["direct_checks"] for r in results) > 0
+        assert max(r[4]["hot_keys"] for r in results) > 0
 
     # the outage: every check answered, the window without Redis near the limit (each
     # process enforces 1/8 of it), and every process back on Redis by the end

@@ -79,15 +79,16 @@ REDIS_WAIT_MS = 1.25  # mean of the modelled 0.5-2 ms round trip
 
 #: µs of Redis time per operation: INFO commandstats (EVALSHA usec) on a private
 #: redis-server 7.0, cold keys, fixed window, measured with
-#: ``PYTHONPATH=src:. STORMGUARD_PURE=1 python bench/redis_costs.py --n 10000`` (the
-#: minimum of 3 runs per row, 2026-12-01 15:10 UTC on the shared 2-core machine,
-#: docs/performance.md#hybrid-store). "script": the fixed cost of one lease script run;
-#: "lease_key", "owe_key": one key in it (a lease, a forced add); "post": a key appended
-#: to the board; "board_read": one board entry returned; "direct_*": one rate-limit script
-#: run (RedisStore.hit) on a key absent (cold) or present (hot).
+#: ``PYTHONPATH=src:. STORMGUARD_PURE=1 python bench/redis_costs.py --n 2000 --repeat 10``
+#: (the minimum of 10 runs of 2,000 keys per row, 2026-12-01 14:36 UTC on the shared
+#: 2-core machine under load; docs/performance.md#hybrid-store). "script": the fixed cost
+#: of one lease script run; "lease_key", "owe_key": one key in it (a lease, a forced add);
+#: "post": a key appended to the board; "board_read": one board entry returned;
+#: "direct_*": one rate-limit script run (RedisStore.hit) on a key absent (cold) or
+#: present (hot).
 REDIS_COSTS: dict[str, float] = {
-    "direct_cold": 14.11, "direct_hot": 12.54, "script": 10.04, "lease_key": 6.07,
-    "owe_key": 5.22, "post": 1.05, "board_read": 0.507,
+    "direct_cold": 14.60, "direct_hot": 15.14, "script": 9.88, "lease_key": 4.85,
+    "owe_key": 3.48, "post": 0.96, "board_read": 0.331,
 }
 
 Balance = Literal["random", "sticky"]

@@ -106,6 +106,7 @@ class _Entry:
         "reset_at",
         "rule",
         "share",
+        "sole",
         "synced_at",
         "used",
         "window",
@@ -136,6 +137,7 @@ class _Entry:
         self.owed = 0           # admitted on the cold allowance, not charged yet (window owin)
         self.owin = -1
         self.last_granted = 0   # windows: what it took in the last whole window it leased in
+        self.sole = False       # windows: and it alone took from the counter then (>= 2)
         self.share = -1.0       # windows: this process's part of what the fleet took in
                                 # the last window it leased in (-1: unknown)
 
@@ -378,7 +380,7 @@ class HybridStore(Store):
         # here only) may take what it took then, for the rest of this window, of all
         # that is left: no other process asks for it
         share = e.remaining // self._peers
-        if rule.algorithm in _WINDOWS and e.share >= 0.99 and e.last_granted > 0:
+        if rule.algorithm in _WINDOWS and e.sole:
             w = rule._algo.W
             more = max(more, e.last_granted * (w - now % w) // w)
             share = e.remaining
@@ -512,7 +514,8 @@ class HybridStore(Store):
                     s = self._part(e.granted, rule._algo.B - last, rule._algo.B)
                     if s is not None:
                         e.share = s
-                        e.last_granted = e.granted
+                    e.last_granted = e.granted
+                    e.sole = e.granted >= 2 and e.granted >= rule._algo.B - last
                 # a lease of another window: what is left of the old one is void
                 self._voided += e.lease
                 e.lease = 0

@@ -245,6 +245,8 @@ class HybridStore(Store):
         self._allow = self.cold_allowance if self.shards == 1 else 0
         self._b.posting = self._allow > 0
         self._board: OrderedDict[str, int] = OrderedDict()  # board id -> until (us)
+        # (rule id, key) -> [window, units] the direct path admitted in that window
+        self._direct_used: OrderedDict[tuple[str, str], list[int]] = OrderedDict()
         self._board_seq = -1  # the last board sequence number read
         self._cold_admitted = self._board_entries = 0
         self._listeners: list[Listener] = list(listeners)
@@ -632,21 +634,18 @@ class HybridStore(Store):
         """This process's share of a key's limit while the backend is unreachable: for
         the window algorithms, its part of the fleet's demand at the last successful
         sync (what it took of what the fleet took from the key's counter in the last
-        whole window it leased in, or in the current one),
+        whole window it leased in),
         with a floor of a twentieth of an equal share (the parts sum to the limit);
         otherwise, and with no history of the key, an equal share of the processes seen
         at the last sync rounds."""
         if self.outage_share is not None:
             return self.outage_share
         peers = max(1, self._peers if self._peers < 1 << 30 else 1)
-        if e is not None and e.rule.algorithm in _WINDOWS:
-            # the last whole window's part, else the current one's (a sliding window's
-            # remaining still holds the weight of the previous window: whole windows first)
-            part = e.share if e.share >= 0 else self._part(
-                e.granted, e.rule._algo.B - e.remaining, e.rule._algo.B)
-            if part is not None:
-                floor = 1.0 / (20 * peers)
-                return floor + (1.0 - peers * floor) * part
+        # the last whole window's part only: within a window, each process measures at
+        # its own last reply, and early ones see a larger part than they hold
+        if e is not None and e.rule.algorithm in _WINDOWS and e.share >= 0:
+            floor = 1.0 / (20 * peers)
+            return floor + (1.0 - peers * floor) * e.share
         return 1.0 / peers
 
     def _outage_rule(self, rule: Rule, share: float) -> Rule:
@@ -685,6 +684,10 @@ class HybridStore(Store):
                 if rule.algorithm in _WINDOWS and e.granted and e.expires and now < e.expires:
                     # what it took in this window counts against its share
                     algo.apply(e.dentry, now, min(e.granted, algo.B), True)
+                direct = self._direct_used.get((rule._id, key))
+                if direct is not None and direct[0] == now // rule._algo.W:
+                    # and what its direct checks were admitted in it (hot_rate's cold keys)
+                    algo.apply(e.dentry, now, min(direct[1], algo.B), True)
             c = min(cost, algo.B)
             v = algo.apply(e.dentry, now, c, consume)
             if v[0] and consume:
@@ -708,6 +711,18 @@ class HybridStore(Store):
                                        (until - now) / 1e6, rule, False))
             del self._denied[k]
         return None
+
+    def _count_direct(self, k: tuple[str, str], rule: Rule, cost: int, now: int) -> None:
+        """What the direct path admitted in the current window of a window algorithm:
+        it counts against this process's share if the backend goes down (bounded)."""
+        win = now // rule._algo.W
+        with self._lock:
+            used = self._direct_used.get(k)
+            if used is None or used[0] != win:
+                if len(self._direct_used) >= self.max_keys:
+                    self._direct_used.popitem(last=False)
+                used = self._direct_used[k] = [win, 0]
+            used[1] += cost
 
     def _remember(self, k: tuple[str, str], d: Decision, cost: int, sent: int) -> None:
         if not d[0] and d[4] > 0:
@@ -739,6 +754,8 @@ class HybridStore(Store):
             self._set_degraded(True, str(exc))
             return self._degraded_hit(key, rule, cost)
         self._remember(k, d, cost, now)
+        if d[0] and rule.algorithm in _WINDOWS:
+            self._count_direct(k, rule, cost, now)
         return d
 
     async def _adirect(self, key: str, rule: Rule, cost: int, now: int) -> Decision:
@@ -764,6 +781,8 @@ class HybridStore(Store):
             self._set_degraded(True, str(exc))
             return self._degraded_hit(key, rule, cost)
         self._remember(k, d, cost, now)
+        if d[0] and rule.algorithm in _WINDOWS:
+            self._count_direct(k, rule, cost, now)
         return d
 
     # -- the Store API -------------------------------------------------------------------

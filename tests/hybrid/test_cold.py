@@ -312,3 +312,28 @@ def test_during_an_outage_each_process_keeps_its_part_of_the_demand(
     assert sum(during) <= 1.05 * 1000, during
     assert during[0] >= 0.8 * 1000, during
     assert all(5 <= c <= 50 for c in during[1:]), during
+
+
+def test_the_allowance_on_the_asyncio_api(clock: FakeClock) -> None:
+    import asyncio
+
+    backend = MemoryStore(clock=clock)
+    a = HybridStore(backend, sync_interval=0.1, clock=clock, cold_allowance=1)
+    b = HybridStore(backend, sync_interval=0.1, clock=clock, cold_allowance=1)
+    rule = Rule(3, 60, algorithm="fixed_window")
+
+    async def main() -> list[bool]:
+        out = []
+        await asyncio.sleep(0.15)  # virtual: both sync tasks have counted themselves in
+        for i in range(8):
+            out.append((await (a, b)[i % 2].ahit("u", rule)).allowed)
+            await asyncio.sleep(0.2)  # virtual: a sync round of each between checks
+        await a.aclose()
+        await b.aclose()
+        return out
+
+    results = clock.run(main())
+    # one unit each on the allowance, charged in the next rounds; then leases: 3 in all
+    assert results == [True] * 3 + [False] * 5
+    assert a.stats()["cold_admitted"] + b.stats()["cold_admitted"] == 2
+    assert backend.peek("u", rule).remaining == 0

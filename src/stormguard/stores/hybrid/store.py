@@ -35,6 +35,7 @@ from stormguard.ratelimit.rule import Rule
 from stormguard.stores.base import Store, binding, check_cost, check_rules, key_error
 from stormguard.stores.hybrid.backend import (
     FORCED,
+    FORCED_SCRIPT,
     Backend,
     BoardRead,
     Grant,
@@ -100,6 +101,7 @@ class _Entry:
         "last_granted",
         "lease",
         "owed",
+        "oscript",
         "owin",
         "rate",
         "remaining",
@@ -135,6 +137,7 @@ class _Entry:
         self.aused = 0          # admitted on the cold allowance in window `awin`
         self.awin = -1
         self.owed = 0           # admitted on the cold allowance, not charged yet (window owin)
+        self.oscript = False    # charge it in the script (a native add found the key present)
         self.owin = -1
         self.last_granted = 0   # windows: what it took in the last whole window it leased in
         self.sole = False       # windows: and it alone took from the counter then (>= 2)
@@ -1130,8 +1133,10 @@ class HybridStore(Store):
         if rule.algorithm not in _WINDOWS or _window_of(rule, now) == e.owin:
             bkey, brule = self._backend_key(e.key, rule)
             entries.append(e)
-            requests.append((bkey, brule, min(e.owed, brule._algo.B), FORCED))
+            requests.append((bkey, brule, min(e.owed, brule._algo.B),
+                             FORCED_SCRIPT if e.oscript else FORCED))
         e.owed = 0
+        e.oscript = False
 
     def _topup(self, e: _Entry, now: int, interval_us: int) -> int:
         """Close the entry's round (its demand becomes its rate); the units its lease
@@ -1223,16 +1228,20 @@ class HybridStore(Store):
                 if isinstance(g, StorageError):
                     failed += 1
                     error = str(g)
-                    if e is not None and req[3] == FORCED:
+                    if e is not None and req[3] < 0:
                         e.owed += req[2]  # charged in a later round of the same window
                     continue
                 if e is None:  # the peer count: this window's, or the last whole one's
                     self._peer_count = max(self._peer_count, self._peer_rule._algo.B - g[1])
                     self._peers = max(1, self._peer_count, self._peers_last)
                     continue
-                if req[3] == FORCED:  # a charge of the cold allowance: where the key stands
+                if req[3] < 0:  # a charge of the cold allowance: where the key stands
                     self._credit(e, (0, g[1], g[2], 0, g[4]), now)
-                    if e.rule.algorithm in _WINDOWS:
+                    if g[0] == 0:  # a native add found the key present: not charged yet,
+                        e.owed += req[2]  # the script charges it in the next round
+                        e.oscript = True
+                        self._mark(e)
+                    elif e.rule.algorithm in _WINDOWS:
                         e.granted += req[2]  # taken from the counter by this process
                     if g[3] > 0:  # exhausted: denied here until it frees
                         e.denied_until = max(e.denied_until, now + self._hold(e.rule, now,

@@ -337,3 +337,83 @@ def test_the_allowance_on_the_asyncio_api(clock: FakeClock) -> None:
     assert results == [True] * 3 + [False] * 5
     assert a.stats()["cold_admitted"] + b.stats()["cold_admitted"] == 2
     assert backend.peek("u", rule).remaining == 0
+
+
+# -- native forced adds: SET NX GET in the round's pipeline on fixed windows --------------
+def test_native_forced_adds_on_redis_share_the_counter(redis_url: str, clock: FakeClock
+                                                       ) -> None:
+    clock.set_wall(START + 30.0)  # mid-window: far from its edges
+    rule = Rule(3, 60, algorithm="fixed_window")
+    opts = {"sync_interval": None, "clock": clock, "time_source": "client", "timeout": 1.0,
+            "cold_allowance": 1}
+    a, b, c = (HybridStore(redis_url, **opts) for _ in range(3))  # type: ignore[arg-type]
+    direct = RedisStore(redis_url, clock=clock, time_source="client")
+    try:
+        for m in (a, b, c):
+            m.sync()
+        for m in (a, b, c):
+            assert m.hit("nat", rule).allowed  # one each, on the allowances
+        a.sync()  # a new key: created by the native SET with a's unit
+        assert (a._b.native_new, a._b.native_present) == (1, 0)
+        assert direct.peek("nat", rule).remaining == 2  # the rate-limit script's state
+        b.sync()  # present: not charged yet, the reply says 1 used
+        assert (b._b.native_new, b._b.native_present) == (0, 1)
+        assert direct.peek("nat", rule).remaining == 2
+        c.sync()
+        assert direct.peek("nat", rule).remaining == 2
+        # c's reply: 1 used + c's unit owed = 2 of 3, one left: c still admits... on a lease
+        for m in (b, c):
+            m.sync()  # the script charges what the native add found present
+        assert direct.peek("nat", rule).remaining == 0
+        assert not direct.hit("nat", rule).allowed  # a direct check sees every charge
+        a.sync()  # the last charge exhausted the key: on the board, a reads it
+        trips = a.stats()["backend_round_trips"]
+        assert not a.hit("nat", rule).allowed
+        assert a.stats()["backend_round_trips"] == trips  # denied in memory
+    finally:
+        for m in (a, b, c):
+            m.close()
+        direct.close()
+
+
+def test_a_native_reply_that_says_the_key_is_exhausted_denies_in_memory(
+        redis_url: str, clock: FakeClock) -> None:
+    clock.set_wall(START + 30.0)
+    rule = Rule(2, 60, algorithm="fixed_window")
+    opts = {"sync_interval": None, "clock": clock, "time_source": "client", "timeout": 1.0,
+            "cold_allowance": 1}
+    a, b = (HybridStore(redis_url, **opts) for _ in range(2))  # type: ignore[arg-type]
+    try:
+        for m in (a, b):
+            m.sync()
+            assert m.hit("full", rule).allowed
+        a.sync()  # 1 of 2 used
+        b.sync()  # present: 1 used + b's unit owed = the limit
+        trips = b.stats()["backend_round_trips"]
+        d = b.hit("full", rule)
+        assert not d.allowed and d.retry_after > 0
+        assert b.stats()["backend_round_trips"] == trips
+    finally:
+        for m in (a, b):
+            m.close()
+
+
+def test_native_adds_keep_the_fleet_bound_on_a_memory_backend(clock: FakeClock) -> None:
+    # the simulation's emulation of the native path: per window at most limit + a x n
+    clock.set_wall(START + 0.5)
+    backend, members = fleet(clock, 6, 1)
+    for m in members:
+        m._b.native = True
+    rule = Rule(4, 1, algorithm="fixed_window")
+    admitted = Counter[int]()
+    for step in range(300):  # 3 s, every process checks the key every 10 ms
+        for m in members:
+            if m.hit("spread", rule).allowed:
+                admitted[int(clock.wall())] += 1
+        clock.advance(0.01)
+        if step % 10 == 9:
+            for m in members:
+                m.sync()
+    assert sum(m._b.native_new + m._b.native_present for m in members) > 0
+    assert all(n <= rule.limit + 1 * len(members) for n in admitted.values())
+    assert max(admitted.values()) > rule.limit  # the allowance did admit past the limit

@@ -417,3 +417,23 @@ def test_native_adds_keep_the_fleet_bound_on_a_memory_backend(clock: FakeClock) 
     assert sum(m._b.native_new + m._b.native_present for m in members) > 0
     assert all(n <= rule.limit + 1 * len(members) for n in admitted.values())
     assert max(admitted.values()) > rule.limit  # the allowance did admit past the limit
+
+
+def test_a_full_counter_reply_does_not_deny_what_the_process_holds_on_its_lease(
+        clock: FakeClock) -> None:
+    # sticky: one process takes a key's first unit on its allowance, the next ones on
+    # leases (one of them ahead of demand); the round's reply says the counter is full,
+    # but the units of the lease were taken already: they are still admitted
+    clock.set_wall(START + 30.0)
+    backend, (p,) = fleet(clock, 1, 1)
+    p._b.native = True
+    rule = Rule(5, 60, algorithm="fixed_window")
+    for _ in range(3):
+        assert p.hit("sticky", rule).allowed
+    assert p.stats()["cold_admitted"] == 1
+    held = p.stats()["lease_held"]
+    assert held >= 1  # the last lease took more than its check
+    p.sync()  # the allowance's unit: the key is present, the reply says 4 + 1 of 5
+    admitted = sum(p.hit("sticky", rule).allowed for _ in range(held))
+    assert admitted == held  # 3 + held <= 5: within the limit, never denied
+    assert backend.peek("sticky", rule).remaining >= 0

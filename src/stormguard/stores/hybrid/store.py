@@ -1243,7 +1243,8 @@ class HybridStore(Store):
                         self._mark(e)
                     elif e.rule.algorithm in _WINDOWS:
                         e.granted += req[2]  # taken from the counter by this process
-                    if g[3] > 0:  # exhausted: denied here until it frees
+                    if g[3] > 0 and e.lease == 0:  # exhausted: denied here until it frees
+                        # (a lease this process holds was taken already: spent first)
                         e.denied_until = max(e.denied_until, now + self._hold(e.rule, now,
                                                                               g[3]))
                         e.denied_cost = 1

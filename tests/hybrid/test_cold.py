@@ -391,7 +391,8 @@ def test_a_native_reply_that_says_the_key_is_exhausted_denies_in_memory(
         b.sync()  # present: 1 used + b's unit owed = the limit
         trips = b.stats()["backend_round_trips"]
         d = b.hit("full", rule)
-        assert not d.allowed and d.retry_after > 0
+        assert not d.allowed
+        assert d.retry_after > 0
         assert b.stats()["backend_round_trips"] == trips
     finally:
         for m in (a, b):
@@ -401,7 +402,7 @@ def test_a_native_reply_that_says_the_key_is_exhausted_denies_in_memory(
 def test_native_adds_keep_the_fleet_bound_on_a_memory_backend(clock: FakeClock) -> None:
     # the simulation's emulation of the native path: per window at most limit + a x n
     clock.set_wall(START + 0.5)
-    backend, members = fleet(clock, 6, 1)
+    _, members = fleet(clock, 6, 1)
     for m in members:
         m._b.native = True
     rule = Rule(4, 1, algorithm="fixed_window")
@@ -437,3 +438,30 @@ def test_a_full_counter_reply_does_not_deny_what_the_process_holds_on_its_lease(
     admitted = sum(p.hit("sticky", rule).allowed for _ in range(held))
     assert admitted == held  # 3 + held <= 5: within the limit, never denied
     assert backend.peek("sticky", rule).remaining >= 0
+
+
+def test_native_adds_can_be_turned_off(redis_url: str, clock: FakeClock) -> None:
+    clock.set_wall(START + 30.0)
+    rule = Rule(3, 60, algorithm="fixed_window")
+    url = redis_url.replace("redis://", "hybrid+redis://", 1)
+    p = stores.from_url(url + "?sync_interval=none&cold_allowance=1&native_adds=false",
+                        clock=clock, time_source="client")
+    assert isinstance(p, HybridStore)
+    assert p.native_adds is False
+    direct = RedisStore(redis_url, clock=clock, time_source="client")
+    try:
+        p.sync()
+        assert p.hit("off", rule).allowed
+        p.sync()  # charged in the script
+        assert (p._b.native_new, p._b.native_present) == (0, 0)
+        assert direct.peek("off", rule).remaining == 2
+    finally:
+        p.close()
+        direct.close()
+
+
+def test_bad_native_adds_are_named() -> None:
+    with pytest.raises(ConfigError, match="native_adds"):
+        HybridStore("memory://", sync_interval=None, native_adds="yes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="native_adds"):
+        stores.from_url("hybrid+memory://?native_adds=maybe")

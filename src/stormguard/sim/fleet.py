@@ -442,7 +442,7 @@ def simulate(  # noqa: PLR0915
     backends = [MemoryStore(clock=clock, max_keys=50_000_000) for _ in range(REGIONS)]
     stores = [HybridStore(backends[s % REGIONS], sync_interval=None, clock=clock,
                           hot_rate=hot_rate, deny_hold=SYNC, max_keys=200_000,
-                          cold_allowance=cold_allowance,
+                          cold_allowance=cold_allowance, native_adds=native_adds,
                           name=f"server-{s}") for s in range(SERVERS)]
     for st in stores:
         st._b.native = native_adds  # as RedisBackend answers forced adds

@@ -404,7 +404,8 @@ class RedisBackend(Backend):
                ) -> tuple[list[LeaseRequest], list[tuple[int, Any, int]]]:
         """The requests for the script, and the native forced adds: (index in
         ``requests``, command, the server's window end in µs)."""
-        if self._offset is None or not any(_native(r, w, m) for _, r, w, m in requests):
+        if (not self.native or self._offset is None
+                or not any(_native(r, w, m) for _, r, w, m in requests)):
             return list(requests), []
         now = wall_us(self.store.clock) + self._offset
         script: list[LeaseRequest] = []

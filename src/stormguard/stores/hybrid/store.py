@@ -57,7 +57,9 @@ _CONTENDED_WINDOWS = 2
 _URL_OPTIONS: dict[str, type] = {
     "sync_interval": float, "hot_rate": float, "shards": int, "max_keys": int,
     "hot_period": float, "sketch_size": int, "outage_share": float, "deny_hold": float,
-    "cold_allowance": int, "board_size": int, "name": str}
+    "cold_allowance": int, "board_size": int, "name": str, "native_adds": bool}
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True,
+          "0": False, "false": False, "no": False, "off": False}
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +102,8 @@ class _Entry:
         "key",
         "last_granted",
         "lease",
-        "owed",
         "oscript",
+        "owed",
         "owin",
         "rate",
         "remaining",
@@ -202,6 +204,10 @@ class HybridStore(Store):
       window the fleet admits at most ``limit + a x processes`` (docs/hybrid.md).
       ``0`` (default): every unit is taken from the backend before it is spent.
     * ``board_size``: the board entries one round reads at most.
+    * ``native_adds`` (default True): on Redis, a forced add on a fixed window travels as
+      a native ``SET NX GET`` in the round's pipeline (a key present is charged by the
+      script one round later); False: every forced add in the script, charged in its
+      round (less overshoot, more Redis time).
 
     ``sliding_window_log`` is exact by definition: its checks always go to the backend.
     """
@@ -212,7 +218,7 @@ class HybridStore(Store):
                  hot_period: float = 1.0, sketch_size: int = 1024,
                  outage_share: float | None = None, deny_hold: float | None = None,
                  cold_allowance: int = 0, board_size: int = 4096,
-                 name: str = "hybrid",
+                 native_adds: bool = True, name: str = "hybrid",
                  clock: Clock | None = None, listeners: Sequence[Listener] = (),
                  **backend_options: Any) -> None:
         if sync_interval is not None:
@@ -247,6 +253,11 @@ class HybridStore(Store):
         # the cold allowance: on one shard only (shards split the counter)
         self._allow = self.cold_allowance if self.shards == 1 else 0
         self._b.posting = self._allow > 0
+        if not isinstance(native_adds, bool):
+            raise ConfigError("native_adds", native_adds, "must be True or False")
+        self.native_adds = native_adds
+        if not native_adds:
+            self._b.native = False
         self._board: OrderedDict[str, int] = OrderedDict()  # board id -> until (us)
         # (rule id, key) -> [window, units] the direct path admitted in that window
         self._direct_used: OrderedDict[tuple[str, str], list[int]] = OrderedDict()
@@ -304,6 +315,11 @@ class HybridStore(Store):
                 continue
             if k == "sync_interval" and v.lower() in ("none", "off", ""):
                 options[k] = None
+                continue
+            if conv is bool:
+                if v.lower() not in _BOOLS:
+                    raise ConfigError(k, v, "must be true or false")
+                options[k] = _BOOLS[v.lower()]
                 continue
             try:
                 options[k] = conv(v)

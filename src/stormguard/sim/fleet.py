@@ -88,8 +88,8 @@ REDIS_WAIT_MS = 1.25  # mean of the modelled 0.5-2 ms round trip
 #: present (hot).
 #: "native_new", "native_present": a native forced add (``SET NX GET PX`` in the round's
 #: pipeline, ``usec`` of SET) on a new key, on a key present (then charged by the script
-#: in the next round: an "owe_key" more), measured by the same command on 2026-12-01
-#: 15:40 UTC (min of 5 runs of 2,000).
+#: in the next round: an "owe_key" more), measured by the same script on 2026-12-01
+#: 15:10 UTC (``--n 2000 --repeat 5``, the minimum of 5 runs).
 REDIS_COSTS: dict[str, float] = {
     "direct_cold": 14.60, "direct_hot": 15.14, "script": 9.88, "lease_key": 4.85,
     "owe_key": 3.48, "post": 0.96, "board_read": 0.331,

@@ -700,13 +700,16 @@ class HybridStore(Store):
             algo = local._algo
             if e.dentry is None:
                 e.dentry = algo.fresh()
+                taken = 0
                 if rule.algorithm in _WINDOWS and e.granted and e.expires and now < e.expires:
-                    # what it took in this window counts against its share
-                    algo.apply(e.dentry, now, min(e.granted, algo.B), True)
+                    taken = e.granted  # what it took in this window counts against its share
                 direct = self._direct_used.get((rule._id, key))
                 if direct is not None and direct[0] == now // rule._algo.W:
-                    # and what its direct checks were admitted in it (hot_rate's cold keys)
-                    algo.apply(e.dentry, now, min(direct[1], algo.B), True)
+                    taken += direct[1]  # and what its direct checks admitted in it (hot_rate)
+                if taken:
+                    # one charge, capped at the share: two that together exceed it would
+                    # each be checked against it, and the second refused, not counted
+                    algo.apply(e.dentry, now, min(taken, algo.B), True)
             c = min(cost, algo.B)
             v = algo.apply(e.dentry, now, c, consume)
             if v[0] and consume:

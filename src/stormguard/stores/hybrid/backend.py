@@ -47,7 +47,6 @@ from stormguard._core.clock import wall_us
 from stormguard._core.errors import StorageError
 from stormguard.ratelimit.rule import Rule
 from stormguard.stores.base import Store
-from stormguard.stores.redis.protocol import Command
 
 __all__ = ["FORCED", "FORCED_SCRIPT", "NATIVE_MARGIN_US", "Backend", "BoardRead", "Grant",
            "LeaseRequest", "backend_for"]
@@ -298,7 +297,10 @@ class RedisBackend(Backend):
     def __init__(self, store: Any) -> None:
         super().__init__(store)
         from stormguard.stores.redis.cluster import ClusterTransport
+        from stormguard.stores.redis.protocol import Command
         from stormguard.stores.redis.ratelimit_scripts import LEASE, rule_args
+
+        self._command = Command.of  # (redis-py is imported with the Redis backend only)
 
         self.redis: Any = store  # a RedisStore or RedisClusterStore
         self._script = LEASE
@@ -424,8 +426,8 @@ class RedisBackend(Backend):
             # server's time may be early), as the rate-limit script's own TTL
             ttl = -(-(end - now) // 1000) + slack + NATIVE_MARGIN_US // 1000
             k = self.redis.key(key, rule)
-            native.append((i, Command.of("SET", k, f"{now // w} {want}", "NX", "GET", "PX",
-                                         ttl, key=k), end))
+            native.append((i, self._command("SET", k, f"{now // w} {want}", "NX", "GET", "PX",
+                                              ttl, key=k), end))
         return script, native
 
     def _native_grants(self, requests: Sequence[LeaseRequest],

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import socket
@@ -54,10 +55,11 @@ def free_port() -> int:
 class Server:
     """uvicorn running the shop in its own process (1 worker), stopped by PID."""
 
-    def __init__(self, protection: str, switch: str = "0.001") -> None:
+    def __init__(self, protection: str, switch: str = "0.001", **extra: str) -> None:
         self.port = free_port()
         env = dict(os.environ, SHOP_PROTECTION=protection, SHOP_SWITCH_INTERVAL=switch,
-                   PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+                   SHOP_TRACE="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+                   **extra)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "examples.shop_app:app", "--host", "127.0.0.1",
              "--port", str(self.port), "--workers", "1", "--no-access-log",
@@ -73,6 +75,11 @@ class Server:
                     raise RuntimeError("uvicorn did not start") from None
                 time.sleep(0.05)
 
+    def cpu(self) -> float:
+        """The server process's CPU seconds so far (user + system)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         self.proc.kill()
         self.proc.wait()
@@ -87,6 +94,11 @@ class Point:
     failed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
     limits: list[int] = field(default_factory=list)  # the server's limit, sampled
     duration: float = 1.0
+    #: per request id: tier, path, when it was due, sent, answered (client side), status
+    client: dict[str, tuple[str, str, float, float, float, int]] = field(default_factory=dict)
+    #: per request id: the server's trace row (examples/shop_app.py, Trace)
+    server: dict[str, list[float | None]] = field(default_factory=dict)
+    cpu: float = 0.0  # the server's CPU seconds during the counted part
 
     def success(self, tier: str) -> float:
         return len(self.ok[tier]) / max(1, self.sent[tier])
@@ -174,18 +186,20 @@ async def offer(port: int, rate: float, seconds: float, give_up: float, rng: ran
     weights = [m[3] for m in MIX]
     tasks = []
 
-    async def one(method: str, path: str, tier: str) -> None:
+    async def one(i: int, method: str, path: str, tier: str, due: float) -> None:
         t0 = loop.time()
         try:
             async with asyncio.timeout(give_up):
-                status, body = await client.request(method, path)
+                status, body = await client.request(method, f"{path}?i={i}")
         except (TimeoutError, OSError, ValueError, IndexError, asyncio.IncompleteReadError):
             if point is not None:
                 point.failed[tier] += 1
+                point.client[str(i)] = (tier, path, due, t0, loop.time(), 0)
             return
         took = loop.time() - t0
         if point is None:
             return
+        point.client[str(i)] = (tier, path, due, t0, t0 + took, status)
         if status == 200:
             point.ok[tier].append(took)
         elif status == 503:
@@ -215,13 +229,17 @@ async def offer(port: int, rate: float, seconds: float, give_up: float, rng: ran
         method, path, tier, _ = rng.choices(MIX, weights)[0]
         if point is not None:
             point.sent[tier] += 1
-        delay = start + i / rate - loop.time()
+        due = start + i / rate
+        delay = due - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(method, path, tier)))
+        tasks.append(asyncio.create_task(one(i, method, path, tier, due)))
     await asyncio.gather(*tasks)
     watcher.cancel()
     await asyncio.gather(watcher, return_exceptions=True)
+    status, body = await client.request("GET", "/trace")  # the server's side of it
+    if point is not None and status == 200:
+        point.server = {row[0]: row[1:] for row in json.loads(body)}
     client.close()
     await asyncio.sleep(0)  # let the closed transports go
 
@@ -248,15 +266,178 @@ async def closed_loop(port: int, seconds: float, connections: int, rng: random.R
     return done / (loop.time() - t0)
 
 
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def breakdown(pt: Point) -> list[str]:
+    """Where the time of a request goes, p50 / p99 in ms, per tier and answer, from the
+    client's timestamps and the server's trace (one clock: CLOCK_MONOTONIC)."""
+    spans: dict[tuple[str, int], dict[str, list[float]]] = {}
+    for i, (tier, _path, due, sent, answered, status) in pt.client.items():
+        row = pt.server.get(i)
+        if row is None or status not in (200, 503):
+            continue
+        _, arrive, granted, run, ran, done, out = row
+        assert isinstance(arrive, float) and isinstance(out, float)
+        d = spans.setdefault((tier, status), {k: [] for k in (
+            "late", "in", "wait", "to thread", "run", "back", "out", "server", "total")})
+        d["late"].append(sent - due)          # the generator was behind its schedule
+        d["in"].append(arrive - sent)         # socket -> the server's loop reads, parses it
+        if status == 200 and granted is not None and run is not None and ran is not None:
+            d["wait"].append(granted - arrive)  # for a slot
+            d["to thread"].append(run - granted)  # the thread pool picks it up
+            d["run"].append(ran - run)        # the handler's CPU work, GIL shared
+            d["back"].append(out - ran)       # response written by the loop
+        d["out"].append(answered - out)       # server wrote it -> the generator read it
+        d["server"].append(out - arrive)
+        d["total"].append(answered - sent)
+    lines = [f"    {'tier':<9} {'answer':>6} {'n':>5} | " + " | ".join(
+        f"{k:>11}" for k in ("late", "in", "wait", "to thread", "run", "back", "out",
+                             "server", "total"))]
+    for (tier, status), d in sorted(spans.items(), key=lambda kv: (TIERS.index(kv[0][0]),
+                                                                    kv[0][1])):
+        cells = []
+        for k in ("late", "in", "wait", "to thread", "run", "back", "out", "server", "total"):
+            xs = d[k]
+            cells.append(f"{pct(xs, .5) * 1e3:>5.1f}/{pct(xs, .99) * 1e3:<5.1f}" if xs
+                         else f"{'-':>11}")
+        lines.append(f"    {tier:<9} {status:>6} {len(d['total']):>5} | " + " | ".join(cells))
+    return lines
+
+
+def cpu_per_request(protection: str, paths: list[tuple[str, str]], seconds: float,
+                    connections: int, **extra: str) -> dict[str, float]:
+    """The server's CPU seconds per answered request, per (method, path), closed loop."""
+    server = Server(protection, **extra)
+    out: dict[str, float] = {}
+    try:
+        async def run() -> None:
+            for method, path in paths:
+                loop = asyncio.get_running_loop()
+                clients = [Client(server.port, 10.0) for _ in range(connections)]
+                for c in clients:  # connected before the count starts
+                    await c.request("GET", "/healthz")
+                done = 0
+                end = loop.time() + seconds
+
+                async def worker(c: Client) -> None:
+                    nonlocal done
+                    while loop.time() < end:
+                        await c.request(method, path)
+                        done += 1
+
+                cpu = server.cpu()
+                await asyncio.gather(*(worker(c) for c in clients))
+                out[path] = (server.cpu() - cpu) / max(1, done)
+                for c in clients:
+                    c.close()
+
+        asyncio.run(run())
+    finally:
+        server.stop()
+    return out
+
+
+def gil_handoffs(switches: list[str], burners: list[int], rate: float, seconds: float
+                 ) -> list[str]:
+    """A 503's latency (client side) while k threads burn CPU in the server, as k
+    CPU-bound requests in flight do, at each switch interval."""
+    lines = [f"    {'switch':>7} " + " ".join(f"{f'{k} busy':>15}" for k in burners)
+             + "   (503 answer p50/p99 ms, arrival -> answer read)"]
+    for switch in switches:
+        cells = []
+        for k in burners:
+            server = Server("shed-all", switch=switch, SHOP_BURNERS=str(k))
+            try:
+                point = Point(duration=seconds)
+
+                async def run(port: int = server.port, pt: Point = point) -> None:
+                    await offer(port, rate, 0.3, 2.0, random.Random(1), None)
+                    await offer(port, rate, seconds, 2.0, random.Random(2), pt)
+
+                asyncio.run(run())
+            finally:
+                server.stop()
+            xs = [c[4] - c[3] for c in point.client.values() if c[5] == 503]
+            cells.append(f"{pct(xs, .5) * 1e3:>7.2f}/{pct(xs, .99) * 1e3:<7.2f}")
+        lines.append(f"    {float(switch) * 1e3:>5.1f}ms " + " ".join(f"{c:>15}" for c in cells))
+    return lines
+
+
+def ideal(pt: Point, cost: dict[str, float], shed_cost: float, answer_sheds: bool,
+          queue_timeout: float = math.inf) -> tuple[float, float]:
+    """The critical p99 and success of an ideal scheduler on one core, on the arrival
+    trace of ``pt``: critical requests preempt everything else and run one at a time,
+    first come first served, each costing the CPU a 200 of its path costs (``cost``); no
+    degraded or sheddable request is run at all. With ``answer_sheds``, every other
+    request costs ``shed_cost`` of the core at the highest priority (answered at once, as
+    the 5 ms target asks). A critical request that would start more than
+    ``queue_timeout`` after its arrival is shed instead (it costs nothing). No network,
+    no parsing delay: a floor for the p99, a ceiling for the success, not a model."""
+    events = sorted((due, tier, path) for tier, path, due, _s, _a, _st in pt.client.values())
+    if not events:
+        return float("nan"), float("nan")
+    t0 = events[0][0]
+    busy: list[tuple[float, float]] = []  # the sheds' busy intervals (top priority), merged
+    if answer_sheds:
+        free_at = 0.0
+        for due, tier, _ in events:
+            if tier == "critical":
+                continue
+            start = max(due - t0, free_at)
+            free_at = start + shed_cost
+            if busy and busy[-1][1] >= start:
+                busy[-1] = (busy[-1][0], free_at)
+            else:
+                busy.append((start, free_at))
+    latencies = []
+    served = total = 0
+    now = 0.0
+    j = 0  # the first busy interval that may still matter
+
+    def skip(t: float) -> float:  # the first instant from t on that the sheds leave free
+        nonlocal j
+        while True:
+            while j < len(busy) and busy[j][1] <= t:
+                j += 1
+            if j < len(busy) and busy[j][0] <= t:
+                t = busy[j][1]
+                continue
+            return t
+
+    for due, tier, path in events:
+        if tier != "critical":
+            continue
+        total += 1
+        arrive = due - t0
+        start = skip(max(now, arrive))
+        if start - arrive > queue_timeout:
+            continue  # shed after waiting in vain: costs the core nothing
+        served += 1
+        now, need = start, cost[path]
+        while need > 1e-12:  # work in the gaps the sheds leave
+            now = skip(now)
+            gap = (busy[j][0] - now) if j < len(busy) else math.inf
+            step = min(need, gap)
+            now += step
+            need -= step
+        latencies.append(now - arrive)
+    return p99(latencies), served / max(1, total)
+
+
 def measure(protection: str, rate: float, args: argparse.Namespace, seed: int) -> Point:
-    server = Server(protection)
+    server = Server(protection, switch=args.switch)
     try:
         point = Point(duration=args.duration)
         rng = random.Random(seed)
 
         async def run() -> None:
             await offer(server.port, rate, args.warmup, args.timeout, rng, None)
+            cpu = server.cpu()
             await offer(server.port, rate, args.duration, args.timeout, rng, point)
+            point.cpu = server.cpu() - cpu
 
         asyncio.run(run())
         return point
@@ -312,6 +493,11 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=2.0, help="client timeout (s)")
     ap.add_argument("--plot", default=str(ROOT / "docs" / "overload.png"))
     ap.add_argument("--json", default="", help="write the results here")
+    ap.add_argument("--gil", default="0.005,0.001,0.0005",
+                    help="switch intervals for the GIL hand-off table ('' skips it)")
+    ap.add_argument("--queue-timeout", type=float, default=0.05,
+                    help="the shop's queue_timeout, for the ideal scheduler's ceiling")
+    ap.add_argument("--switch", default="0.001", help="the server's switch interval")
     args = ap.parse_args()
     loads = [float(x) for x in args.loads.split(",")]
     configs = [c for c in args.configs.split(",") if c]
@@ -331,6 +517,25 @@ def main() -> None:
         print(f"capacity runs: {', '.join(f'{r:.1f}' for r in runs)} req/s")
     print(f"capacity: {capacity:.1f} req/s at the mix (closed loop, 4 connections, "
           f"no protection); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    # what a request costs the server's one core (its CPU time, all threads)
+    cost = cpu_per_request("none", [(m, p) for m, p, _, _ in MIX], 0.6, 1)
+    shed_cost = cpu_per_request("shed-all", [("GET", "/recommendations")], 1.0, 2)[
+        "/recommendations"]
+    print("server CPU per request (closed loop): " + ", ".join(
+        f"{p} {c * 1e3:.2f} ms" for p, c in cost.items())
+        + f"; a shed 503 {shed_cost * 1e3:.3f} ms")
+    crit_cost = sum(sh * cost[p] for _, p, t, sh in MIX if t == "critical")
+    other = sum(sh for _, _, t, sh in MIX if t != "critical")
+    for load in loads:
+        rate = load * capacity
+        print(f"  {load:g}x ({rate:.0f} req/s): critical work {rate * crit_cost:.0%} of one "
+              f"core, answering every other request with a 503 "
+              f"{rate * other * shed_cost:.0%}: {rate * (crit_cost + other * shed_cost):.0%}")
+    if args.gil:
+        print("GIL hand-offs: every request shed, k threads burning CPU in the server "
+              "(as k CPU-bound requests in flight), 100 req/s:")
+        for line in gil_handoffs(args.gil.split(","), [0, 1, 2, 4], 100.0, 1.0):
+            print(line)
     unloaded = measure("adaptive" if "adaptive" in configs else configs[0], 0.25 * capacity,
                        args, seed=99)
     base_p99 = p99(unloaded.ok["critical"])
@@ -361,6 +566,36 @@ def main() -> None:
     print("(success: 200 within the client timeout / sent; shed p99: 503s answered at once; "
           "waited: 503s after waiting queue_timeout in vain; goodput: 200s/s / capacity; "
           "limit: min-median-max of the server's limit)")
+    for config in configs:
+        print(f"\nwhere the time goes, {CONFIGS[config]} (ms, p50/p99; late: the generator "
+              "behind its schedule; in: sent -> the server's app has it; wait: for a slot; "
+              "to thread: slot -> handler starts; run: the handler; back: handler done -> "
+              "answer written; out: written -> read by the generator; server: in the "
+              "server's app):")
+        for load in loads:
+            pt = results[config][load]
+            n503 = sum(1 for c in pt.client.values() if c[5] == 503)
+            print(f"  {load:g}x: server CPU {pt.cpu / pt.duration:.0%} of a core, of which "
+                  f"about {n503 * shed_cost / pt.duration:.0%} answering {n503} 503s")
+            for line in breakdown(pt):
+                print(line)
+    print("\nthe physical floor: critical p99 of an ideal scheduler on the same arrivals, one "
+          "core, critical first and preemptive, nothing else run; 'alone': the 503s cost "
+          "nothing; 'with 503s': every other request answered at once at its measured cost")
+    for config in configs:
+        for load in loads:
+            pt = results[config][load]
+            crit = p99(pt.ok["critical"])
+            alone = ideal(pt, cost, shed_cost, False)[0]
+            shed = ideal(pt, cost, shed_cost, True)[0]
+            best = ideal(pt, cost, shed_cost, True, args.queue_timeout)[1]
+            print(f"  {CONFIGS[config]:<30} {load:>3g}x: critical p99 measured "
+                  f"{crit * 1e3:6.1f} ms ({crit / base_p99:.1f}x unl.) | floor alone "
+                  f"{alone * 1e3:5.1f} ms ({alone / base_p99:.2f}x) | floor with 503s "
+                  f"{shed * 1e3:5.1f} ms ({shed / base_p99:.2f}x) | measured / floor "
+                  f"{crit / shed:.1f}x || critical success measured "
+                  f"{pt.success('critical'):.2%}, ceiling with a {args.queue_timeout * 1e3:g} "
+                  f"ms queue timeout {best:.2%}")
     if "adaptive" in results and "none" in results:
         def ratio(a: float, b: float) -> str:
             return f"{a / b:.1f}x" if b else ("same (both 0)" if not a else "inf (none: 0)")

@@ -61,6 +61,9 @@ SHRINK_FLOOR = 0.5
 PROBE = 0.8
 FIRST_PROBE = 5
 PROBE_EVERY = 10
+#: latency at least 1 + SHARED x (concurrency - 1) times the minimum: the requests in flight
+#: share one resource (no parallel speed-up), so the limit steps down by one
+SHARED = 0.75
 
 
 class FixedLimit:
@@ -88,8 +91,8 @@ class AdaptiveLimit:
 
     __slots__ = ("_alone", "_alone_ratios", "_base_in_flight", "_baseline", "_limit", "_lowered",
                  "_max_in_flight", "_n", "_probe_at", "_probe_limit", "_probing", "_ratios",
-                 "_since", "_sum", "_windows", "initial", "max", "min", "min_samples", "owner",
-                 "tolerance", "window")
+                 "_since", "_sum", "_sum_in_flight", "_windows", "initial", "max", "min",
+                 "min_samples", "owner", "tolerance", "window")
 
     adaptive = True
 
@@ -116,6 +119,7 @@ class AdaptiveLimit:
         self._sum = 0.0
         self._ratios: list[float] = []
         self._max_in_flight = 0
+        self._sum_in_flight = 0
         self._windows = 0
         self._probe_at: int | None = FIRST_PROBE
         self._probing = False
@@ -171,6 +175,7 @@ class AdaptiveLimit:
         self._sum += ratio if ratio < _RATIO_CAP else _RATIO_CAP
         self._n += 1
         self._max_in_flight = max(self._max_in_flight, in_flight)
+        self._sum_in_flight += in_flight
         since = self._since
         if since is None:
             self._since = now
@@ -200,6 +205,12 @@ class AdaptiveLimit:
             pass  # requests that ran alone were slow too: not a queue a lower limit shortens
         elif mean > tol:
             limit *= max(SHRINK_FLOOR, tol / mean)
+        elif (shared := self._sum_in_flight / self._n) >= 1.5 \
+                and mean >= 1.0 + SHARED * (shared - 1.0):
+            # latency grew with the concurrency: the requests share one resource (a core,
+            # the GIL, a saturated dependency), so more of them at once only adds latency
+            # (Little: no more throughput); step down toward where each runs alone
+            limit = min(limit, shared) - 1.0
         elif mean <= 1.0 + (tol - 1.0) / 2 and 2 * self._max_in_flight >= limit \
                 and not self._probing:
             limit += 1.0 if limit < 10 else math.sqrt(limit)
@@ -208,6 +219,7 @@ class AdaptiveLimit:
         self._n = 0
         self._sum = 0.0
         self._max_in_flight = 0
+        self._sum_in_flight = 0
         self._windows += 1
         if self._probing:  # found a lower baseline: it was a loaded one, look again later
             self._probing = False

@@ -15,6 +15,10 @@ the latency is far past the tolerance: then the window closes at once):
   window (at least 2) were as slow (their median ratio above the tolerance too): then
   the slowness is not a queue of ours (a busy machine, a slow disk) and a lower limit
   would only shed requests, so it holds;
+* the ratio grew with the concurrency (the window's mean in flight ``c`` at least 1.5,
+  ``ratio >= 1 + 0.75 x (c - 1)``): the requests share one resource (one core under one
+  GIL, a saturated dependency), more at once is only latency and no throughput (Little's
+  law), so the limit steps down, to ``min(limit, c) - 1``;
 * ``ratio`` near 1 (at most ``1 + (tolerance - 1) / 2``) and the limit was in use (the
   most in flight reached half of it): the limit grows, by 1 below 10 and by
   ``sqrt(limit)`` above;

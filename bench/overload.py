@@ -376,9 +376,9 @@ def gil_handoffs(switches: list[str], burners: list[int], rate: float, seconds: 
 def ideal(events: list[tuple[float, str, str]], cost: dict[str, float], shed_cost: float,
           answer_sheds: bool, queue_timeout: float = math.inf) -> tuple[float, float]:
     """The critical p99 and success of an ideal scheduler on one core, on the arrivals
-    ``events`` (time, tier, path; any order): critical requests preempt everything else and run one at a time,
-    first come first served, each costing the CPU a 200 of its path costs (``cost``); no
-    degraded or sheddable request is run at all. With ``answer_sheds``, every other
+    ``events`` (time, tier, path; any order): critical requests preempt everything else
+    and run one at a time, first come first served, each costing the CPU a 200 of its
+    path costs (``cost``); no degraded or sheddable request is run at all. With ``answer_sheds``, every other
     request costs ``shed_cost`` of the core at the highest priority (answered at once, as
     the 5 ms target asks). A critical request that would start more than
     ``queue_timeout`` after its arrival is shed instead (it costs nothing). No network,

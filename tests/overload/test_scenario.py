@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.overload.shop_sim import MIX, ROOT, mean_cost, shop_module, simulate
+from tests.overload.shop_sim import ROOT, mean_cost, shop_module, simulate
 
 
 @pytest.fixture(scope="module")

@@ -379,10 +379,11 @@ def ideal(events: list[tuple[float, str, str]], cost: dict[str, float], shed_cos
     ``events`` (time, tier, path; any order): critical requests preempt everything else
     and run one at a time, first come first served, each costing the CPU a 200 of its
     path costs (``cost``); no degraded or sheddable request is run at all. With
-    ``answer_sheds``, every other request costs ``shed_cost`` of the core at the highest priority (answered at once, as
-    the 5 ms target asks). A critical request that would start more than
-    ``queue_timeout`` after its arrival is shed instead (it costs nothing). No network,
-    no parsing delay: a floor for the p99, a ceiling for the success, not a model."""
+    ``answer_sheds``, every other request costs ``shed_cost`` of the core at the highest
+    priority (answered at once, as the 5 ms target asks). A critical request that would
+    start more than ``queue_timeout`` after its arrival is shed instead (it costs
+    nothing). No network, no parsing delay: a floor for the p99, a ceiling for the
+    success, not a model."""
     events = sorted(events)
     if not events:
         return float("nan"), float("nan")

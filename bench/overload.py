@@ -479,7 +479,7 @@ def measure(protection: str, rate: float, args: argparse.Namespace, seed: int) -
 
 
 def plot(path: Path, loads: list[float], results: dict[str, dict[float, Point]],
-         capacity: float) -> None:
+         capacity: float, floors: dict[float, float], base_p99: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -499,6 +499,10 @@ def plot(path: Path, loads: list[float], results: dict[str, dict[float, Point]],
                 ax2.plot(loads, [p99(points[x].ok[tier]) * 1000 for x in loads],
                          styles[config], color=colors[tier], marker="o",
                          label=f"{tier}, {CONFIGS[config]}")
+    ax2.plot(loads, [floors[x] * 1000 for x in loads], "-", color="grey", linewidth=3,
+             alpha=0.5, label="critical, ideal scheduler on the same arrivals (floor)")
+    ax2.axhline(3 * base_p99 * 1000, color="grey", linestyle="-.", linewidth=1,
+                label="target: 3x the unloaded critical p99")
     ax1.set(xlabel="offered load (x capacity)", ylabel="goodput (x capacity)",
             title="goodput (200 within the client timeout)")
     ax2.set(xlabel="offered load (x capacity)", ylabel="p99 of 200s (ms, log)",
@@ -619,6 +623,7 @@ def main() -> None:
                   f"about {n503 * shed_cost / pt.duration:.0%} answering {n503} 503s")
             for line in breakdown(pt):
                 print(line)
+    floors: dict[float, float] = {}
     print("\nthe physical floor: critical p99 of an ideal scheduler on the same arrivals, one "
           "core, critical first and preemptive, nothing else run; 'alone': the 503s cost "
           "nothing; 'with 503s': every other request answered at once at its measured cost")
@@ -629,6 +634,8 @@ def main() -> None:
             trace = [(due, tier, path) for tier, path, due, *_ in pt.client.values()]
             alone = ideal(trace, cost, shed_cost, False)[0]
             shed = ideal(trace, cost, shed_cost, True)[0]
+            if config == configs[-1]:
+                floors[load] = shed
             p_wait, s_wait = ideal(trace, cost, shed_cost, True, args.critical_wait)
             s_50 = ideal(trace, cost, shed_cost, True, 0.05)[1]
             print(f"  {CONFIGS[config]:<30} {load:>3g}x: critical p99 measured "
@@ -650,7 +657,7 @@ def main() -> None:
                   f"{ratio(a.success('critical'), n.success('critical'))}, "
                   f"goodput {ratio(a.goodput(), n.goodput())}")
     if args.plot:
-        plot(Path(args.plot), loads, results, capacity)
+        plot(Path(args.plot), loads, results, capacity, floors, base_p99)
         print(f"plot: {args.plot}")
     if args.json:
         Path(args.json).write_text(json.dumps(

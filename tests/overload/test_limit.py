@@ -90,8 +90,8 @@ def test_finds_the_capacity_of_a_server_and_stays_there() -> None:
 def test_requests_that_share_one_core_step_down_to_running_alone() -> None:
     """CPU-bound work on one core (one GIL): two requests at once take twice as long each,
     no more throughput. A ratio of 2 is within the tolerance, but it grew with the
-    concurrency: the limit steps down to 1 (and tries 2 again now and then: at 1 there is
-    no evidence that 2 would not be better)."""
+    concurrency: the limit steps down to 1 (and tries 2 again once in 11 windows: at 1
+    there is no evidence that 2 would not be better)."""
     limit = AdaptiveLimit(initial=8)
     for i in range(20):  # the no-load latency, learnt alone
         limit.sample(0.01, i * 0.01, 1)
@@ -102,7 +102,8 @@ def test_requests_that_share_one_core_step_down_to_running_alone() -> None:
         now = drive(limit, one_core, windows=1, now=now)
         seen.append(limit.limit)
     assert max(seen) <= 2, seen
-    assert seen.count(1) >= len(seen) // 2, seen
+    assert seen.count(1) >= 0.8 * len(seen), seen
+    assert seen.count(2) >= 3, seen  # it does try again
 
 
 def test_parallel_work_is_not_taken_for_a_shared_core() -> None:

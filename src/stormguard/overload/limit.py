@@ -18,7 +18,8 @@ the latency is far past the tolerance: then the window closes at once):
 * the ratio grew with the concurrency (the window's mean in flight ``c`` at least 1.5,
   ``ratio >= 1 + 0.75 x (c - 1)``): the requests share one resource (one core under one
   GIL, a saturated dependency), more at once is only latency and no throughput (Little's
-  law), so the limit steps down, to ``min(limit, c) - 1``;
+  law), so the limit steps down, to ``min(limit, c) - 1``, and does not grow for the next
+  10 windows (at 1 there is no telling whether 2 would be better: it tries once a second);
 * ``ratio`` near 1 (at most ``1 + (tolerance - 1) / 2``) and the limit was in use (the
   most in flight reached half of it): the limit grows, by 1 below 10 and by
   ``sqrt(limit)`` above;
@@ -68,6 +69,8 @@ PROBE_EVERY = 10
 #: latency at least 1 + SHARED x (concurrency - 1) times the minimum: the requests in flight
 #: share one resource (no parallel speed-up), so the limit steps down by one
 SHARED = 0.75
+#: windows without growth after such a step down (one try a second at 100 ms windows)
+SHARED_HOLD = 10
 
 
 class FixedLimit:
@@ -95,7 +98,7 @@ class AdaptiveLimit:
 
     __slots__ = ("_alone", "_alone_ratios", "_base_in_flight", "_baseline", "_limit", "_lowered",
                  "_max_in_flight", "_n", "_probe_at", "_probe_limit", "_probing", "_ratios",
-                 "_since", "_sum", "_sum_in_flight", "_windows", "initial", "max", "min",
+                 "_grow_after", "_since", "_sum", "_sum_in_flight", "_windows", "initial", "max", "min",
                  "min_samples", "owner", "tolerance", "window")
 
     adaptive = True
@@ -124,6 +127,7 @@ class AdaptiveLimit:
         self._ratios: list[float] = []
         self._max_in_flight = 0
         self._sum_in_flight = 0
+        self._grow_after = 0  # no growth before this window (after a shared-core step down)
         self._windows = 0
         self._probe_at: int | None = FIRST_PROBE
         self._probing = False
@@ -215,8 +219,9 @@ class AdaptiveLimit:
             # the GIL, a saturated dependency), so more of them at once only adds latency
             # (Little: no more throughput); step down toward where each runs alone
             limit = min(limit, shared) - 1.0
+            self._grow_after = self._windows + SHARED_HOLD
         elif mean <= 1.0 + (tol - 1.0) / 2 and 2 * self._max_in_flight >= limit \
-                and not self._probing:
+                and not self._probing and self._windows >= self._grow_after:
             limit += 1.0 if limit < 10 else math.sqrt(limit)
         self._limit = min(float(self.max), max(float(self.min), limit))
         self._since = now

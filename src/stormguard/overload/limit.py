@@ -96,10 +96,32 @@ class FixedLimit:
 class AdaptiveLimit:
     """A concurrency limit that follows measured latency, within ``[min, max]``."""
 
-    __slots__ = ("_alone", "_alone_ratios", "_base_in_flight", "_baseline", "_limit", "_lowered",
-                 "_max_in_flight", "_n", "_probe_at", "_probe_limit", "_probing", "_ratios",
-                 "_grow_after", "_since", "_sum", "_sum_in_flight", "_windows", "initial", "max", "min",
-                 "min_samples", "owner", "tolerance", "window")
+    __slots__ = (
+        "_alone",
+        "_alone_ratios",
+        "_base_in_flight",
+        "_baseline",
+        "_grow_after",
+        "_limit",
+        "_lowered",
+        "_max_in_flight",
+        "_n",
+        "_probe_at",
+        "_probe_limit",
+        "_probing",
+        "_ratios",
+        "_since",
+        "_sum",
+        "_sum_in_flight",
+        "_windows",
+        "initial",
+        "max",
+        "min",
+        "min_samples",
+        "owner",
+        "tolerance",
+        "window",
+    )
 
     adaptive = True
 

@@ -569,8 +569,10 @@ def main() -> None:
         print(f"  {load:g}x ({rate:.0f} req/s): critical work {rate * crit_cost:.0%} of one "
               f"core, answering every other request with a 503 "
               f"{rate * other * shed_cost:.0%}: {rate * (crit_cost + other * shed_cost):.0%}")
-    print("an ideal scheduler at these costs (one core, critical first and preemptive, "
-          "nothing else run, the 503s free), 400 s at each load:")
+    mean = sum(sh * cost[p] for _, p, _, sh in MIX)
+    print(f"an ideal scheduler at these costs (capacity 1 / mean cost = {1 / mean:.1f} req/s; "
+          "one core, critical first and preemptive, nothing else run, the 503s free), 400 s "
+          "at each multiple of that capacity:")
     for load in loads:
         ratio, s50, s250 = steady_floor(load, cost)
         print(f"  {load:g}x: critical p99 {ratio:.2f}x its own unloaded p99 (target 3x); "

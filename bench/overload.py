@@ -588,9 +588,11 @@ def main() -> None:
     print(f"unloaded (0.25x): critical p99 {base_p99 * 1000:.1f} ms")
 
     results: dict[str, dict[float, Point]] = {c: {} for c in configs}
+    busiest = os.getloadavg()[0]
     for load in loads:  # the configurations side by side at each load, as close in time
         for config in configs:
             results[config][load] = measure(config, load * capacity, args, seed=int(load * 10))
+        busiest = max(busiest, os.getloadavg()[0])
         print(f"  {load:g}x done, load average {os.getloadavg()[0]:.1f}", flush=True)
 
     print(f"\n{'config':<30} {'load':>4} | {'critical':>9} {'degraded':>9} {'sheddable':>9} | "
@@ -649,6 +651,11 @@ def main() -> None:
             print(f"  {'':<30} {'':>4}  critical success measured "
                   f"{pt.success('critical'):.2%} | ceiling: critical waits cut at 50 ms "
                   f"{s_50:.2%}, at {args.critical_wait * 1e3:g} ms {s_wait:.2%}")
+    cores = os.cpu_count() or 1
+    if busiest > cores:
+        print(f"\nWARNING: load average up to {busiest:.1f} on {cores} cores: other processes "
+              "took CPU from the server and the generator; the figures above measure the "
+              "machine as much as the shedding (see 'server CPU ... of a core')")
     if "adaptive" in results and "none" in results:
         def ratio(a: float, b: float) -> str:
             return f"{a / b:.1f}x" if b else ("same (both 0)" if not a else "inf (none: 0)")

@@ -49,8 +49,8 @@ PRIORITIES = {
 }
 FIXED_LIMIT = 8
 #: a critical request may wait longer for a slot than the others: at 4x the critical work
-#: alone takes about 70 % of the core, and even an ideal scheduler then starts more than 1 %
-#: of the critical requests later than 50 ms after their arrival (bench/overload.py prints
+#: alone takes 60-70 % of the core, and even an ideal scheduler then starts about 1 % of
+#: the critical requests later than 50 ms after their arrival (bench/overload.py prints
 #: that ceiling)
 QUEUE_TIMEOUT: dict[str, float] = {"critical": 0.25, "degraded": 0.05, "sheddable": 0.05}
 if os.environ.get("SHOP_CRITICAL_WAIT"):

@@ -88,6 +88,10 @@ class EnvoyResult:
     decision: Decision | None = None
     """The binding decision (the denying one, else the one with the least remaining)."""
     degraded: bool = False
+    denials: list[tuple[str, str]] = field(default_factory=list)
+    """``(store key, rule name)`` of each counter that denied the request, and of each
+    shadow limit that would have (only when the request was otherwise answered OK), as
+    ``POST /v1/check`` feeds the service's most-denied keys (``GET /v1/top``)."""
 
     def headers(self) -> dict[str, str]:
         """The RateLimit headers of the binding decision (and ``Retry-After`` when over
@@ -189,6 +193,7 @@ class EnvoyChecker:
         base_cost = hits_addend if hits_addend > 0 else 1
         statuses: list[DescriptorStatus] = []
         items: list[_Item] = []
+        blocked: list[tuple[str, str]] = []  # (key, name) of the requests_per_unit 0 limits
         matched: list[EnvoyLimit | None] = []
         # the service's rules answer the domain "stormguard" unless a file configures it
         rules = self._current_rules() if domain == RULES_DOMAIN and \
@@ -228,10 +233,13 @@ class EnvoyChecker:
             key = counter_key(domain, entries)
             if lim.rule is None:  # requests_per_unit: 0, every request is over the limit
                 statuses.append(self._blocked_status(lim))
+                blocked.append((key, lim.name or lim.path))
                 continue
             statuses.append(DescriptorStatus(OK, lim, kind="ok"))
             _add(items, i, key, lim.rule, cost, lim.shadow)
         result = await self._run(items, statuses)
+        if blocked:
+            result.denials[:0] = blocked
         for st in statuses:
             kind = st.kind
             if kind == "over_limit" and st.limit is not None and st.limit.shadow:
@@ -307,6 +315,7 @@ class EnvoyChecker:
         shadows = [it for it in items if it.shadow]
         degraded = False
         denied: Decision | None = None
+        denials: list[tuple[str, str]] = []
         blocked = any(st.code == OVER_LIMIT for st in statuses)
         decisions: dict[int, Decision] = {}
         # all or nothing: peek every enforced limit but the first, then charge in order
@@ -317,6 +326,7 @@ class EnvoyChecker:
             decisions[id(it)] = d
             if not d.allowed:
                 denied = d
+                denials.append(_denial(it))
                 break
         if denied is None and not blocked:
             for it in enforced:
@@ -325,12 +335,15 @@ class EnvoyChecker:
                 decisions[id(it)] = d
                 if not d.allowed:
                     denied = d
+                    denials.append(_denial(it))
                     break
         charge_shadows = denied is None and not blocked
         for it in shadows:
             d = await self._call(charge_shadows, it)
             degraded = degraded or d.degraded
             decisions[id(it)] = d
+            if charge_shadows and not d.allowed:  # a denied request: its shadows only peek
+                denials.append(_denial(it))
         binding = self._statuses(items, statuses, decisions)
         if denied is not None:
             binding = denied
@@ -339,7 +352,7 @@ class EnvoyChecker:
             binding = next((d for d in shadow_ds if not d.allowed),
                            shadow_ds[0] if shadow_ds else None)
         code = OVER_LIMIT if any(st.code == OVER_LIMIT for st in statuses) else OK
-        return EnvoyResult(code, statuses, binding, degraded)
+        return EnvoyResult(code, statuses, binding, degraded, denials)
 
     @staticmethod
     def _statuses(items: list[_Item], statuses: list[DescriptorStatus],
@@ -364,6 +377,11 @@ class EnvoyChecker:
         d = result.decision
         shadow = d is not None and result.code == OK and not d.allowed
         return CheckResult(result.code == OK, d, shadow, [], result.degraded, [])
+
+
+def _denial(item: _Item) -> tuple[str, str]:
+    """The key and rule label a denial is counted under (as ``POST /v1/check`` does)."""
+    return item.key, item.rule.name or "(inline)"
 
 
 def _status(st: DescriptorStatus, d: Decision, shadow: bool) -> None:

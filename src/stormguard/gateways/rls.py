@@ -193,7 +193,6 @@ class EnvoyChecker:
         base_cost = hits_addend if hits_addend > 0 else 1
         statuses: list[DescriptorStatus] = []
         items: list[_Item] = []
-        blocked: list[tuple[str, str]] = []  # (key, name) of the requests_per_unit 0 limits
         matched: list[EnvoyLimit | None] = []
         # the service's rules answer the domain "stormguard" unless a file configures it
         rules = self._current_rules() if domain == RULES_DOMAIN and \
@@ -233,13 +232,11 @@ class EnvoyChecker:
             key = counter_key(domain, entries)
             if lim.rule is None:  # requests_per_unit: 0, every request is over the limit
                 statuses.append(self._blocked_status(lim))
-                blocked.append((key, lim.name or lim.path))
                 continue
             statuses.append(DescriptorStatus(OK, lim, kind="ok"))
             _add(items, i, key, lim.rule, cost, lim.shadow)
         result = await self._run(items, statuses)
-        if blocked:
-            result.denials[:0] = blocked
+        result.denials[:0] = _blocked(domain, descriptors, statuses)
         for st in statuses:
             kind = st.kind
             if kind == "over_limit" and st.limit is not None and st.limit.shadow:
@@ -377,6 +374,14 @@ class EnvoyChecker:
         d = result.decision
         shadow = d is not None and result.code == OK and not d.allowed
         return CheckResult(result.code == OK, d, shadow, [], result.degraded, [])
+
+
+def _blocked(domain: str, descriptors: Sequence[tuple[Sequence[tuple[str, str]], int]],
+             statuses: list[DescriptorStatus]) -> list[tuple[str, str]]:
+    """The denials of the limits of ``requests_per_unit: 0`` (no counter, always over)."""
+    return [(counter_key(domain, entries), st.limit.name or st.limit.path)
+            for st, (entries, _) in zip(statuses, descriptors, strict=True)
+            if st.limit is not None and st.limit.blocked]
 
 
 def _denial(item: _Item) -> tuple[str, str]:

@@ -93,7 +93,8 @@ class MemoryStore(Store):
         query = parse_qs(urlsplit(url).query, keep_blank_values=True)
         unknown = sorted(set(query) - {"max_keys"})
         if unknown:
-            raise ConfigError("url", unknown, f"unknown query parameter "
+            what = "query parameter" if len(unknown) == 1 else "query parameters"
+            raise ConfigError("url", unknown, f"unknown {what} "
                               f"{', '.join(map(repr, unknown))}: a memory:// URL takes "
                               "max_keys only")
         if "max_keys" in query and "max_keys" not in options:

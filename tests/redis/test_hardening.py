@@ -298,18 +298,25 @@ class _OffRunQueue:
 def test_a_failover_does_not_stall_checks_on_healthy_masters(full_coverage: str) -> None:
     """Defect 6: with one master dead and the cluster aware of it, checks on keys of the
     healthy masters used to block 264-316 ms against a 50 ms timeout (redis-py's cluster
-    client sleeps 0.25 s on CLUSTERDOWN). Every check now answers within about one
-    timeout. With ``cluster-require-full-coverage yes`` (Redis's default) the healthy
-    masters answer CLUSTERDOWN too, so their checks are degraded; with ``no`` they keep
-    serving. This test needs real time: the cluster detects the failure on its own clock
-    (cluster-node-timeout), and the bound measured is the wall-clock wait of a check."""
+    client sleeps 0.25 s on CLUSTERDOWN). Every check now answers at once, whatever
+    the timeout. With ``cluster-require-full-coverage yes`` (Redis's default) the
+    healthy masters answer CLUSTERDOWN too, so their checks are degraded; with ``no``
+    they keep serving. This test needs real time: the cluster detects the failure on its
+    own clock (cluster-node-timeout), and the bound measured is the wall-clock wait of a
+    check, less the time its thread waited for a core.
+
+    The store's timeout is 1 s, not the default 50 ms: at load 18-21 a healthy master's
+    reply, or a new store's connection and slot map, took more than 50 ms now and then,
+    so a check the test expects served was answered degraded (1 of 138; 46 of 46 on the
+    asyncio path), before and after the failure alike. The bounds below do not depend on
+    the timeout, and a stall that waited for one would now show as a full second."""
     cluster = start_cluster(3)  # its own cluster: this test kills a node
     try:
         for node in cluster.nodes:
             with node.client() as c:
                 c.config_set("cluster-require-full-coverage", full_coverage)
                 c.config_set("cluster-node-timeout", 500)  # notice the death sooner
-        timeout = 0.05
+        timeout = 1.0
         store = RedisClusterStore.from_url(cluster.url, timeout=timeout)
         limiter = RateLimiter(store, on_error="allow")
         keys = [f"user:{i}" for i in range(60)]
@@ -326,11 +333,11 @@ def test_a_failover_does_not_stall_checks_on_healthy_masters(full_coverage: str)
             took.append(clock.since(mark))
             degraded += d.degraded
         took.sort()
-        # the median answers at once; the slowest within the timeout plus the servers' and
-        # the GIL's noise, far from 250 ms (time on the run queue, which a loaded 2-core
-        # machine stretches to 100 ms and more, is not the check's own)
-        assert took[len(took) // 2] < timeout
-        assert took[-1] < timeout + 0.1
+        # the median answers at once; the slowest within the servers' and the GIL's
+        # noise, far from 250 ms (time on the run queue, which a loaded 2-core machine
+        # stretches to 100 ms and more, is not the check's own)
+        assert took[len(took) // 2] < 0.05
+        assert took[-1] < 0.15
         if full_coverage == "yes":
             assert degraded == len(took)  # CLUSTERDOWN from the healthy masters too
         else:
@@ -346,7 +353,7 @@ def test_a_failover_does_not_stall_checks_on_healthy_masters(full_coverage: str)
             return took, sum(d.degraded for d in ds)
 
         took_all, adegraded = asyncio.run(concurrently())
-        assert took_all < 2 * timeout + 0.2  # slot map + one pipelined round trip each
+        assert took_all < 0.3  # connect, slot map, one pipelined round trip per master
         assert adegraded == (len(healthy) if full_coverage == "yes" else 0)
         limiter.close()
     finally:

@@ -342,8 +342,7 @@ class Result:
         lo, hi = self.window()
         lo = lo if start is None else start
         hi = hi if end is None else end
-        counts = {o: self.series.total(f"{traffic}:{o}", lo, hi)
-                  for o in ("success", "fallback", "error")}
+        counts = {o: self.series.total(f"{traffic}:{o}", lo, hi) for o in OUTCOMES}
         total = sum(counts.values())
         return {o: (n / total if total else 0.0) for o, n in counts.items()}
 

@@ -1,0 +1,269 @@
+"""The inbound side in a simulation: rate limits, tiered load shedding, deferred work.
+
+Every figure is checked against arithmetic stated beside it; every scenario runs the
+product's own RateLimiter, RuleSet, Shedder, DeferredQueue and Worker in virtual time.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from typing import Any
+
+import pytest
+
+from stormguard import ConfigError
+from stormguard.sim.inbound import Keys
+from stormguard.sim.model import run
+from stormguard.sim.scenario import dump, from_dict, load
+
+
+def shop(*, store: str = "shared", instances: int = 2, bot_rate: float = 500,
+         clients: list[Any] | None = None, duration: float = 10) -> dict[str, Any]:
+    return {
+        "name": "limits", "duration": duration, "seed": 3, "measure": {"start": 2, "end": duration},
+        "services": {"shop": {
+            "instances": instances, "threads": None,
+            "rate_limit": {"store": store, "rules": [
+                {"name": "per-user", "scope": "user", "limit": 20, "window": "1s",
+                 "algorithm": "fixed_window"}]},
+            "endpoints": {"browse": {"route": "GET /products", "steps": [{"work": "10ms"}]}}}},
+        "traffic": [
+            {"name": "users", "target": "shop.browse",
+             "keys": {"count": 500, "popularity": "zipf", "exponent": 0.5, "user": "u{i}"},
+             "arrival": {"process": "poisson", "rate": 400}},
+            {"name": "bot", "target": "shop.browse", "keys": {"user": "bot-1"},
+             "arrival": {"process": "constant", "rate": bot_rate},
+             "clients": clients or []}]}
+
+
+def test_a_shared_store_admits_the_bot_at_its_limit_and_no_user_is_denied() -> None:
+    r = run(from_dict(shop()))
+    # the bot: 500/s against 20 per 1-s window, one store for both instances: 20/s
+    assert r.admitted_per_s("bot") == pytest.approx(20, rel=0.02)
+    assert r.outcome_rates("bot")["limited"] == pytest.approx(480 / 500, abs=0.01)
+    assert r.limited_per_s("shop", "per-user") == pytest.approx(480, rel=0.02)
+    # the users: Zipf 0.5 over 500, the top one sends 400 / sum(k^-0.5) = 400 / 43.3
+    # = 9.2/s: P(Poisson(9.2) > 20 in a window) is about 1e-3 per second, so over 8 s
+    # a denial is possible but rare; the mean user is at 0.8/s
+    assert r.outcome_rates("users")["limited"] < 0.001
+    assert r.summary()["traffic"]["bot"]["limited_rate"] == pytest.approx(0.96, abs=0.01)
+
+
+def test_a_store_per_instance_admits_the_limit_on_each_instance() -> None:
+    # round robin: each of the 2 instances sees 250/s of the bot and admits 20/s of it
+    r = run(from_dict(shop(store="instance")))
+    assert r.admitted_per_s("bot") == pytest.approx(40, rel=0.02)
+    r3 = run(from_dict(shop(store="instance", instances=3)))
+    assert r3.admitted_per_s("bot") == pytest.approx(60, rel=0.02)
+
+
+def test_a_client_honours_retry_after_when_configured() -> None:
+    # 30/s against 20 per window; one retry, no backoff of its own (base 0)
+    retry = {"attempts": 2, "base": 0, "max_delay": "2s", "jitter": "none"}
+    ignore = run(from_dict(shop(bot_rate=30, clients=[{"name": "app", "retry": retry}])))
+    honour = run(from_dict(shop(bot_rate=30, clients=[
+        {"name": "app", "retry": {**retry, "retry_after": True}}])))
+    t_ignore = ignore.summary()["traffic"]["bot"]["mean_response_s"]
+    t_honour = honour.summary()["traffic"]["bot"]["mean_response_s"]
+    # ignoring it, the retry is sent at once and denied in the same window: no wait
+    assert t_ignore < 0.02
+    # honouring it, a denied request waits until its window ends (Retry-After: uniform
+    # over the window's rest, so the denied third waits about 0.5 s): the mean is well up
+    assert t_honour > 0.1
+    # either way the limit holds: at most 20 of every 30 per second get through
+    for r in (ignore, honour):
+        assert r.outcome_rates("bot")["success"] <= 20 / 30 + 0.02
+
+
+def test_zipf_keys_follow_their_popularity() -> None:
+    keys = Keys({"count": 1000, "popularity": "zipf", "exponent": 1.0, "user": "u{i}"},
+                random.Random(1))
+    harmonic = sum(1 / k for k in range(1, 1001))
+    assert keys.share(1) == pytest.approx(1 / harmonic)
+    n = 200_000
+    draws = [keys.rank() for _ in range(n)]
+    assert draws.count(1) / n == pytest.approx(1 / harmonic, rel=0.03)
+    assert draws.count(10) / n == pytest.approx(0.1 / harmonic, rel=0.1)
+    spec = {"count": 1000, "popularity": "zipf", "user": "u{i}", "ip": "10.0.0.{i}"}
+    rank = Keys(spec, random.Random(9)).rank()
+    attrs = Keys(spec, random.Random(9)).draw("GET", "/x")  # the same draw, as attributes
+    assert (attrs.user, attrs.ip, attrs.method, attrs.path) == (
+        f"u{rank}", f"10.0.0.{rank}", "GET", "/x")
+    uniform = Keys({"count": 4, "user": "u{i}", "tier": "free"}, random.Random(2))
+    seen = [uniform.rank() for _ in range(40_000)]
+    for k in range(1, 5):
+        assert seen.count(k) / 40_000 == pytest.approx(0.25, rel=0.05)
+    attrs = uniform.draw("GET", "/a")
+    assert attrs.tier == "free"
+    assert attrs.user in {"u1", "u2", "u3", "u4"}
+
+
+def shedding(limit: Any, *, cheap_rate: float = 600) -> dict[str, Any]:
+    return {
+        "name": "shed", "duration": 20, "seed": 4, "measure": {"start": 5, "end": 20},
+        "services": {"api": {
+            "instances": 1, "threads": None,
+            "load_shedding": {"limit": limit, "queue_timeout": "20ms", "priorities": {
+                "POST /pay*": "critical", "GET /feed*": "sheddable"}},
+            "endpoints": {"pay": {"route": "POST /pay", "steps": [{"work": "100ms"}]},
+                          "feed": {"route": "GET /feed", "steps": [{"work": "100ms"}]}}}},
+        "traffic": [
+            {"name": "pay", "target": "api.pay", "arrival": {"process": "poisson", "rate": 50}},
+            {"name": "feed", "target": "api.feed",
+             "arrival": {"process": "poisson", "rate": cheap_rate}}]}
+
+
+def test_shedding_takes_the_sheddable_tier_and_spares_the_critical_one() -> None:
+    # limit 20: critical may take all 20 slots, sheddable only while fewer than 10 are
+    # taken. Demand: pay 50/s x 0.1 s = 5 slots, feed 600/s x 0.1 s = 60: feed gets at
+    # most 10 - 5 = 5 slots, 50/s of its 600/s (plus what the waits let through)
+    r = run(from_dict(shedding(20)))
+    s = r.summary()
+    shed = s["inbound"]["api"]["shedding"]["tiers"]
+    assert shed["critical"]["shed"] == 0
+    assert s["tiers"]["critical"]["success_rate"] == 1.0
+    feed = r.outcome_rates("feed")
+    assert feed["shed"] > 0.85
+    assert feed["success"] * 600 <= 10 / 0.1 * 1.05  # never more than its cap's worth
+    assert s["traffic"]["feed"]["tier"] == "sheddable"
+    assert shed["sheddable"]["shed_per_s"] == pytest.approx(600 * feed["shed"], rel=0.05)
+
+
+def test_an_adaptive_limit_follows_a_dependency_that_queues() -> None:
+    data = shedding({"adaptive": {"initial": 100, "min": 5, "max": 200}}, cheap_rate=0)
+    data["dependencies"] = {"db": {"latency": "10ms", "capacity": 300}}
+    data["services"]["api"]["endpoints"]["pay"]["steps"] = [{"call": "db"}]
+    data["traffic"] = [{"name": "pay", "target": "api.pay",
+                        "arrival": {"process": "poisson", "rate": 400}}]
+    r = run(from_dict(data))
+    limit = r.summary()["inbound"]["api"]["shedding"]["limit_per_instance"][0]
+    # 400/s into a 300/s queue: latency grows without bound, so the limit shrinks from
+    # 100 towards the concurrency the db serves at no queueing (300/s x 10 ms = 3)
+    assert limit < 50
+    assert r.outcome_rates("pay")["shed"] > 0.1
+
+
+def deferring(*, error_until: float, max_attempts: int = 10) -> dict[str, Any]:
+    return {
+        "name": "defer", "duration": 30, "seed": 2,
+        "dependencies": {"sms": {"latency": "5ms", "error_rate": 1.0,
+                                 "changes": [{"at": error_until, "error_rate": 0.0}]}},
+        "queues": {"sms": {"call": "sms", "rate": 100, "concurrency": 10,
+                           "max_attempts": max_attempts,
+                           "backoff": {"base": "200ms", "max_delay": "1s", "jitter": 0}}},
+        "services": {"app": {"threads": None, "endpoints": {"order": {"steps": [
+            {"call": "sms", "policies": [{"defer": {"queue": "sms"}}]}]}}}},
+        "traffic": [{"name": "orders", "target": "app.order",
+                     "arrival": {"process": "constant", "rate": 50}}]}
+
+
+def test_deferred_work_is_drained_after_the_outage_and_none_is_lost() -> None:
+    r = run(from_dict(deferring(error_until=5)))
+    q = r.summary()["queues"]["sms"]
+    # every order of the first 5 s failed its SMS and was deferred: 50/s x 5 s
+    assert q["deferred"] == pytest.approx(250, abs=2)
+    assert r.outcome_rates("orders", 0, 5)["fallback"] == 1.0
+    assert r.outcome_rates("orders", 6, 30)["success"] == 1.0
+    assert q["drained"] == q["deferred"]
+    assert q["dead"] == q["lost"] == q["pending_at_end"] == q["in_flight_at_end"] == 0
+    assert q["peak_pending"] >= 200  # the worker's attempts failed meanwhile (backoff)
+    assert q["drained_at_s"] is not None
+    assert q["drained_at_s"] <= 5 + 250 / 100 + 2
+    assert q["failed_attempts"] > 0
+
+
+def test_jobs_that_keep_failing_go_to_the_dead_letters() -> None:
+    r = run(from_dict(deferring(error_until=1000, max_attempts=2)))
+    q = r.summary()["queues"]["sms"]
+    assert q["drained"] == 0
+    assert q["lost"] == 0
+    # two failed attempts each, 0.2 s apart: all but the last second's jobs are dead
+    assert q["dead"] + q["pending_at_end"] + q["in_flight_at_end"] == q["deferred"]
+    assert q["dead"] >= q["deferred"] - 50 * 2
+
+
+BAD: list[tuple[str, Any, str]] = [
+    ("rule limit", lambda d: d["services"]["shop"]["rate_limit"]["rules"][0].update(limit=0),
+     "services.shop.rate_limit.rules[0].limit"),
+    ("rule scope", lambda d: d["services"]["shop"]["rate_limit"]["rules"][0].update(
+        scope="planet"), "services.shop.rate_limit.rules[0].scope"),
+    ("store", lambda d: d["services"]["shop"]["rate_limit"].update(store="redis"),
+     "services.shop.rate_limit.store"),
+    ("route", lambda d: d["services"]["shop"]["endpoints"]["browse"].update(route="/x"),
+     "services.shop.endpoints.browse.route"),
+    ("keys template", lambda d: d["traffic"][0]["keys"].update(user="everyone"),
+     "traffic[0].keys.user"),
+    ("keys nobody", lambda d: d["traffic"][1].update(keys={"tier": "free"}), "traffic[1].keys"),
+    ("keys popularity", lambda d: d["traffic"][0]["keys"].update(popularity="pareto"),
+     "traffic[0].keys.popularity"),
+    ("retry_after", lambda d: d["traffic"][1].update(
+        clients=[{"name": "app", "retry": {"retry_after": "yes"}}]),
+     "traffic[1].clients[0].retry.retry_after"),
+    ("shed tier", lambda d: d["services"]["shop"].update(
+        load_shedding={"priorities": {"/x*": "vip"}}),
+     "services.shop.load_shedding.priorities./x*"),
+    ("shed pattern", lambda d: d["services"]["shop"].update(
+        load_shedding={"priorities": {"x": "critical"}}), "services.shop.load_shedding.priorities"),
+    ("shed shares", lambda d: d["services"]["shop"].update(
+        load_shedding={"shares": {"degraded": 0.9, "critical": 0.5}}),
+     "services.shop.load_shedding.shares"),
+    ("shed limit", lambda d: d["services"]["shop"].update(
+        load_shedding={"limit": {"adaptive": {"min": 10, "max": 5}}}),
+     "services.shop.load_shedding.limit.adaptive.max"),
+    ("queue_timeout", lambda d: d["services"]["shop"].update(
+        load_shedding={"queue_timeout": "soon"}), "services.shop.load_shedding.queue_timeout"),
+]
+
+
+@pytest.mark.parametrize(("what", "change", "field"), BAD, ids=[b[0] for b in BAD])
+def test_bad_inbound_fields_are_named(what: str, change: Any, field: str) -> None:
+    data = shop()
+    change(data)
+    with pytest.raises(ConfigError) as err:
+        from_dict(data)
+    assert err.value.field == field, (what, str(err.value))
+
+
+QUEUE_BAD: list[tuple[str, Any, str]] = [
+    ("unknown queue", lambda d: d["services"]["app"]["endpoints"]["order"]["steps"][0].update(
+        policies=[{"defer": {"queue": "email"}}]),
+     "services.app.endpoints.order.steps[0].policies[0].defer.queue"),
+    ("no queue", lambda d: d["services"]["app"]["endpoints"]["order"]["steps"][0].update(
+        policies=[{"defer": {}}]),
+     "services.app.endpoints.order.steps[0].policies[0].defer.queue"),
+    ("call", lambda d: d["queues"]["sms"].update(call="mail"), "queues.sms.call"),
+    ("rate", lambda d: d["queues"]["sms"].update(rate=0), "queues.sms.rate"),
+    ("backoff", lambda d: d["queues"]["sms"].update(backoff={"base": "2s", "max_delay": "1s"}),
+     "queues.sms.backoff.max_delay"),
+    ("worker defers", lambda d: d["queues"]["sms"].update(policies=[{"defer": {"queue": "sms"}}]),
+     "queues.sms.policies"),
+]
+
+
+@pytest.mark.parametrize(("what", "change", "field"), QUEUE_BAD, ids=[b[0] for b in QUEUE_BAD])
+def test_bad_queue_fields_are_named(what: str, change: Any, field: str) -> None:
+    data = deferring(error_until=1)
+    change(data)
+    with pytest.raises(ConfigError) as err:
+        from_dict(data)
+    assert err.value.field == field, (what, str(err.value))
+
+
+@pytest.mark.parametrize("data", [shop(), deferring(error_until=3),
+                                  shedding({"adaptive": {"initial": 10, "window": "200ms"}})],
+                         ids=["limits", "defer", "shedding"])
+def test_inbound_scenarios_round_trip(data: dict[str, Any]) -> None:
+    scenario = from_dict(copy.deepcopy(data))
+    again = load(dump(scenario))
+    assert again == scenario
+    assert from_dict(scenario.to_dict()) == scenario
+
+
+def test_the_example_file_is_the_builtin_inbound_night() -> None:
+    from pathlib import Path
+
+    from stormguard.sim import salenight
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "sale-night-inbound.yaml"
+    assert load(example) == salenight.scenario("inbound")

@@ -58,6 +58,23 @@ def test_a_store_per_instance_admits_the_limit_on_each_instance() -> None:
     assert r3.admitted_per_s("bot") == pytest.approx(60, rel=0.02)
 
 
+def test_hybrid_stores_syncing_on_the_engine_hold_the_fleet_wide_limit() -> None:
+    # a HybridStore per instance over one shared store, each syncing every 100 ms: the
+    # bot is held at the one limit, 20/s, across 4 instances (not 4 x 20)
+    data = shop(store="hybrid", instances=4, duration=20)
+    r = run(from_dict(data))
+    assert r.admitted_per_s("bot") == pytest.approx(20, rel=0.03)
+    assert r.outcome_rates("users")["limited"] < 0.001
+    inbound = r.summary()["inbound"]["shop"]
+    assert inbound["rate_limit_store"] == "hybrid"
+    # the cold users' checks (400/s over 500 users: a key rarely comes back to the same
+    # instance) may each cost a round trip; the bot's 500/s are answered locally between
+    # the sync rounds (4 instances x 10 rounds/s) but for a few leases: in all below
+    # 400 + 40 + 50, where a store per check would take 900
+    assert 0 < inbound["backend_round_trips_per_s"] < 400 + 40 + 50
+    assert from_dict(data).services["shop"]["rate_limit"]["sync_interval"] == 0.1
+
+
 def test_a_client_honours_retry_after_when_configured() -> None:
     # 30/s against 20 per window; one retry, no backoff of its own (base 0)
     retry = {"attempts": 2, "base": 0, "max_delay": "2s", "jitter": "none"}
@@ -190,6 +207,10 @@ BAD: list[tuple[str, Any, str]] = [
         scope="planet"), "services.shop.rate_limit.rules[0].scope"),
     ("store", lambda d: d["services"]["shop"]["rate_limit"].update(store="redis"),
      "services.shop.rate_limit.store"),
+    ("sync_interval", lambda d: d["services"]["shop"]["rate_limit"].update(sync_interval=1),
+     "services.shop.rate_limit.sync_interval"),
+    ("hybrid sync_interval", lambda d: d["services"]["shop"]["rate_limit"].update(
+        store="hybrid", sync_interval="never"), "services.shop.rate_limit.sync_interval"),
     ("route", lambda d: d["services"]["shop"]["endpoints"]["browse"].update(route="/x"),
      "services.shop.endpoints.browse.route"),
     ("keys template", lambda d: d["traffic"][0]["keys"].update(user="everyone"),

@@ -79,6 +79,7 @@ from stormguard.sim.runtime import (
     start,
 )
 from stormguard.sim.scenario import Scenario
+from stormguard.stores.hybrid import HybridStore
 from stormguard.stores.memory import MemoryStore
 
 __all__ = ["OUTCOMES", "DependencyDown", "QueueRun", "Result", "ServiceUnavailable", "run"]
@@ -374,6 +375,10 @@ class Result:
                 entry["limited_per_s"] = {r.name: round(self.limited_per_s(name, r.name), 3)
                                           for r in rules}
                 entry["rate_limit_store"] = self.scenario.services[name]["rate_limit"]["store"]
+                if entry["rate_limit_store"] == "hybrid":
+                    trips = sum(getattr(g.limiter.store, "_b").round_trips
+                                for g in gates if g.limiter is not None)
+                    entry["backend_round_trips_per_s"] = round(trips / self.duration, 3)
             if gates[0].shedder is not None:
                 tiers: dict[str, Any] = {}
                 stats = [g.shedder.stats() for g in gates if g.shedder is not None]
@@ -659,13 +664,25 @@ def _gates(eng: Engine, clock: SimClock, series: Series, sname: str, sspec: dict
         return None
     where = f"services.{sname}"
     rules = None if rl is None else build_rules(f"{where}.rate_limit.rules", rl["rules"])
-    shared = None
+    shared = backend = None
     if rl is not None and rl["store"] == "shared":
         shared = RateLimiter(MemoryStore(clock=clock), name=f"{sname}.limiter")
+    elif rl is not None and rl["store"] == "hybrid":
+        backend = MemoryStore(clock=clock)  # the shared store (the Redis) of the instances
+    phases = random.Random(f"{sname}:sync")
 
     def make(i: int) -> Gate:
         limiter = shared
-        if rl is not None and limiter is None:
+        if backend is not None:
+            assert rl is not None
+            # each instance's HybridStore over the shared backend, its sync rounds on the
+            # engine at its own phase (a round trip takes no virtual time here)
+            store = HybridStore(backend, sync_interval=None, hot_rate=rl["hot_rate"],
+                                clock=clock, name=f"{sname}#{i}")
+            interval = rl["sync_interval"]
+            eng.every(interval, store.sync, start=phases.random() * interval)
+            limiter = RateLimiter(store, name=f"{sname}#{i}.limiter")
+        elif rl is not None and limiter is None:
             limiter = RateLimiter(MemoryStore(clock=clock), name=f"{sname}#{i}.limiter")
         shedder = None if ls is None else build_shedder(
             f"{where}.load_shedding", ls, clock, f"{sname}#{i}.shedder")

@@ -253,7 +253,17 @@ def _rate_limit(where: str, spec: dict[str, Any]) -> dict[str, Any]:
     from stormguard.sim.inbound import build_rules
 
     rules = build_rules(f"{where}.rules", spec["rules"])
-    return {"rules": rules.to_data()["rules"], "store": spec.get("store", "shared")}
+    out = {"rules": rules.to_data()["rules"], "store": spec.get("store", "shared")}
+    if out["store"] == "hybrid":
+        out["sync_interval"] = validate.duration(f"{where}.sync_interval",
+                                                 spec.get("sync_interval", 0.1))
+        out["hot_rate"] = validate.number(f"{where}.hot_rate", spec.get("hot_rate", 0.0),
+                                          allow_zero=True)
+    else:
+        for key in ("sync_interval", "hot_rate"):
+            if key in spec:
+                raise ConfigError(f"{where}.{key}", spec[key], "applies only to store: hybrid")
+    return out
 
 
 def _shedding(where: str, spec: dict[str, Any]) -> dict[str, Any]:

@@ -376,8 +376,9 @@ class Result:
                                           for r in rules}
                 entry["rate_limit_store"] = self.scenario.services[name]["rate_limit"]["store"]
                 if entry["rate_limit_store"] == "hybrid":
-                    trips = sum(getattr(g.limiter.store, "_b").round_trips
-                                for g in gates if g.limiter is not None)
+                    trips = sum(g.limiter.store._b.round_trips for g in gates
+                                if g.limiter is not None
+                                and isinstance(g.limiter.store, HybridStore))
                     entry["backend_round_trips_per_s"] = round(trips / self.duration, 3)
             if gates[0].shedder is not None:
                 tiers: dict[str, Any] = {}

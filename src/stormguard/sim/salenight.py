@@ -30,8 +30,8 @@ from stormguard.sim.report import (
 )
 from stormguard.sim.scenario import Scenario, from_dict
 
-__all__ = ["DOCUMENTS", "SaleNight", "inbound", "inbound_figures", "report", "scenario",
-           "scenarios", "simulate"]
+__all__ = ["DOCUMENTS", "SaleNight", "inbound", "inbound_figures", "inbound_rows", "report",
+           "scenario", "scenarios", "simulate"]
 
 SLOWDOWN_AT = 5.0
 
@@ -226,6 +226,29 @@ def inbound_figures(r: Result) -> dict[str, Any]:
         "window_s": [lo, hi]}
 
 
+def inbound_rows(ib: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """The inbound night's rows of the table: (figure, simulated, arithmetic, difference)."""
+    doc = DOCUMENTS["inbound"]
+
+    def diff(sim: float, ref: float) -> str:
+        return f"{(sim - ref) / ref:+.1%}" if ref else ""
+
+    return [
+        ("bot admitted per s (500/s, per-user limit 20/s)", f"{ib['bot_admitted_per_s']:.1f}",
+         f"{doc['bot_admitted_per_s']:.1f}",
+         diff(ib["bot_admitted_per_s"], doc["bot_admitted_per_s"])),
+        ("users' requests denied (2.1/s each at the peak)", f"{ib['users_limited']:,}", "0", ""),
+        ("sheddable requests shed at 3x", f"{ib['shed_rate']['sheddable']:.1%}", "most",
+         f"degraded: {ib['shed_rate']['degraded']:.1%}"),
+        ("critical requests served at 3x", f"{ib['critical_served_rate']:.1%}", "all",
+         f"shed: {ib['shed']['critical']:,}"),
+        ("SMS deferred, slowdown until each breaker closes", f"{ib['deferred']:,}",
+         f"{ib['deferred_arithmetic']:,}", diff(ib["deferred"], ib["deferred_arithmetic"])),
+        ("SMS drained / dead / lost", f"{ib['drained']:,} / {ib['dead']:,} / {ib['lost']:,}",
+         "all / 0 / 0", ""),
+    ]
+
+
 @dataclass
 class SaleNight:
     """The suite's results and figures."""
@@ -267,21 +290,8 @@ class SaleNight:
                      "full speed", f"without: {b['without']['payment_success_rate']:.1%}"))
         rows.append(("inventory calls served, bulkheads", f"{b['inventory_success_rate']:.1%}",
                      "full speed", f"without: {b['without']['inventory_success_rate']:.1%}"))
-        ib, dib = f.get("inbound"), d["inbound"]
-        if ib is not None:
-            row("bot admitted per s (500/s, per-user limit 20/s)", ib["bot_admitted_per_s"],
-                dib["bot_admitted_per_s"], "{:.1f}")
-            rows.append(("users' requests denied (2.1/s each at the peak)",
-                         f"{ib['users_limited']:,}", "0", ""))
-            rows.append(("sheddable requests shed at 3x", f"{ib['shed_rate']['sheddable']:.1%}",
-                         "most", f"degraded: {ib['shed_rate']['degraded']:.1%}"))
-            rows.append(("critical requests served at 3x", f"{ib['critical_served_rate']:.1%}",
-                         "all", f"shed: {ib['shed']['critical']:,}"))
-            row("SMS deferred, slowdown until each breaker closes", ib["deferred"],
-                ib["deferred_arithmetic"])
-            rows.append(("SMS drained / dead / lost",
-                         f"{ib['drained']:,} / {ib['dead']:,} / {ib['lost']:,}",
-                         "all / 0 / 0", ""))
+        if f.get("inbound") is not None:
+            rows += inbound_rows(f["inbound"])
         return rows
 
     def panels(self) -> list[Panel]:

@@ -34,30 +34,40 @@ import random
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
-from stormguard._core.errors import ConfigError, TransientError
+from stormguard._core.errors import ConfigError
 from stormguard.integrations.shedding import Priorities
+from stormguard.observability.events import Event
 from stormguard.overload.limit import AdaptiveLimit
 from stormguard.overload.shedder import Shedder, Ticket
 from stormguard.queue.core import DeferredQueue
-from stormguard.queue.job import Job
+from stormguard.queue.events import JobDeferred
+from stormguard.queue.fallback import DeferFallback
+from stormguard.queue.job import Backoff, Deferred, Job
 from stormguard.queue.worker import Worker
 from stormguard.ratelimit.limiter import RateLimiter
 from stormguard.ratelimit.rules import RequestAttrs, RulesError, RuleSet
+from stormguard.resilience.pipeline import Pipeline
 from stormguard.sim.engine import Engine
-from stormguard.sim.runtime import Series, SimClock, Waiter, spawn
+from stormguard.sim.model import (
+    Dependency,
+    Instance,
+    Limited,
+    Overloaded,
+    ServiceUnavailable,
+    _Step,
+)
+from stormguard.sim.policies import FALLBACK, BuildContext, build_policies
+from stormguard.sim.runtime import PoolFull, Series, SimClock, Waiter, spawn
+from stormguard.sim.scenario import Scenario
+from stormguard.stores.hybrid import HybridStore
+from stormguard.stores.memory import MemoryStore
 
-__all__ = ["Gate", "Keys", "Limited", "Overloaded", "SimWorker", "acquire", "build_priorities",
-           "build_rules", "build_shedder", "handler", "memory_queue"]
-
-
-class Limited(TransientError):
-    """A simulated service answered 429 (a rate limit denied the request)."""
-
-
-class Overloaded(TransientError):
-    """A simulated service answered 503 because its load shedder shed the request."""
+__all__ = ["Gate", "Keys", "QueueRun", "SimWorker", "acquire", "build_priorities", "build_rules",
+           "build_shedder", "defer_counter", "deferring", "gates", "handle_gated", "handler",
+           "memory_queue", "start_queues"]
 
 
 # -- who sends the requests ------------------------------------------------------------
@@ -354,3 +364,148 @@ def build_priorities(where: str, spec: dict[str, Any]) -> Priorities:
                           None, ())
     except ConfigError as exc:
         raise _prefixed(where, exc) from None
+
+
+# -- the model's wiring (imported by the scenarios that use the inbound side) ----------
+@dataclass
+class QueueRun:
+    """A deferred queue of the run and its worker."""
+
+    queue: DeferredQueue
+    worker: SimWorker
+    stats: dict[str, int] = field(default_factory=dict)  # at the end of the run
+
+    def finish(self) -> None:
+        """The run is over: the last acknowledgements, then the queue's counts."""
+        self.worker.finish()
+        self.stats = self.queue.stats()
+
+
+def handle_gated(inst: Instance, endpoint: str, attrs: RequestAttrs, tier: int,
+                  key: str) -> str:
+    """:func:`_handle` behind the instance's entry: the rate limits (a 429), then the load
+    shedder's slot (a 503 when shed), then the steps; the thread is held throughout, as
+    a thread-pool server runs its middleware."""
+    pool = inst.pool
+    try:
+        pool.acquire()
+    except PoolFull as exc:
+        raise ServiceUnavailable("503: queue full") from exc
+    outcome = "success"
+    gate = inst.gate
+    assert gate is not None
+    try:
+        gate.check(attrs)
+        if gate.shedder is None:
+            for step in inst.endpoints[endpoint]:
+                if step() is FALLBACK:
+                    outcome = "fallback"
+            return outcome
+        ticket = gate.admit(tier, key)
+        ok = False
+        try:
+            for step in inst.endpoints[endpoint]:
+                if step() is FALLBACK:
+                    outcome = "fallback"
+            ok = True
+        finally:
+            gate.shedder.release(ticket, ok)
+    finally:
+        pool.release()
+    return outcome
+
+
+def deferring(step: _Step, policies: list[Any]) -> _Step:
+    """``step`` if none of its policies defers; else the step answering FALLBACK for a
+    ``Deferred`` answer (the request was served degraded)."""
+    if not any(isinstance(p, DeferFallback) for p in policies):
+        return step
+
+    def run() -> object:
+        out = step()
+        return FALLBACK if isinstance(out, Deferred) else out
+    return run
+
+
+def defer_counter(queues: dict[str, QueueRun], series: Series
+                   ) -> tuple[Callable[[Event], None], ...]:
+    """The listener of every ``defer`` fallback: deferrals per queue and bucket."""
+    if not queues:
+        return ()
+    inv_res, last = 1.0 / series.resolution, series.buckets - 1
+    deferred = {name: series.row(f"queue:{name}:deferred") for name in queues}
+
+    def on_deferred(event: Event) -> None:
+        if isinstance(event, JobDeferred):
+            b = int(event.at * inv_res)
+            deferred[event.task][b if b < last else last] += 1
+    return (on_deferred,)
+
+
+def gates(eng: Engine, clock: SimClock, series: Series, sname: str, sspec: dict[str, Any]
+           ) -> Callable[[int], Gate] | None:
+    """A maker of the instances' entry gates (None: the service has neither rate limits
+    nor load shedding, and its requests take the plain path)."""
+    rl, ls = sspec.get("rate_limit"), sspec.get("load_shedding")
+    if rl is None and ls is None:
+        return None
+    where = f"services.{sname}"
+    rules = None if rl is None else build_rules(f"{where}.rate_limit.rules", rl["rules"])
+    shared = backend = None
+    if rl is not None and rl["store"] == "shared":
+        shared = RateLimiter(MemoryStore(clock=clock), name=f"{sname}.limiter")
+    elif rl is not None and rl["store"] == "hybrid":
+        backend = MemoryStore(clock=clock)  # the shared store (the Redis) of the instances
+    phases = random.Random(f"{sname}:sync")
+
+    def make(i: int) -> Gate:
+        limiter = shared
+        if backend is not None:
+            assert rl is not None
+            # each instance's HybridStore over the shared backend, its sync rounds on the
+            # engine at its own phase (a round trip takes no virtual time here)
+            store = HybridStore(backend, sync_interval=None, hot_rate=rl["hot_rate"],
+                                clock=clock, name=f"{sname}#{i}")
+            interval = rl["sync_interval"]
+            eng.every(interval, store.sync, start=phases.random() * interval)
+            limiter = RateLimiter(store, name=f"{sname}#{i}.limiter")
+        elif rl is not None and limiter is None:
+            limiter = RateLimiter(MemoryStore(clock=clock), name=f"{sname}#{i}.limiter")
+        shedder = None if ls is None else build_shedder(
+            f"{where}.load_shedding", ls, clock, f"{sname}#{i}.shedder")
+        return Gate(eng, clock, series, sname, limiter, rules, shedder)
+    return make
+
+
+def start_queues(eng: Engine, clock: SimClock, scenario: Scenario,
+                  deps: dict[str, Dependency], series: Series, master: random.Random,
+                  listener: Callable[[int], Callable[[Event], None]]) -> dict[str, QueueRun]:
+    """The scenario's deferred queues and their workers (not started yet)."""
+    out: dict[str, QueueRun] = {}
+    for name, spec in scenario.queues.items():
+        queue = memory_queue(name, clock)
+        ctx = BuildContext(clock=clock, rng=random.Random(master.random()),
+                           listener=listener(-1), instance=-1)
+        policies = build_policies(spec["policies"], ctx, f"queues.{name}.policies",
+                                  spec["call"])
+        b = spec["backoff"]
+        worker = Worker(queue, {name: handler(deps[spec["call"]].call, series, name, clock)},
+                        pipeline=Pipeline(*policies, name=f"{name}.worker") if policies
+                        else None,
+                        concurrency=spec["concurrency"], max_attempts=spec["max_attempts"],
+                        visibility_timeout=spec["visibility_timeout"],
+                        backoff=Backoff(b["base"], b["multiplier"], b["max_delay"], b["jitter"],
+                                        random.Random(master.random())),
+                        poll_interval=spec["poll_interval"], name=f"{name}.worker", clock=clock)
+        sim = SimWorker(eng, clock, worker, series, name, spec["rate"], spec["start"])
+        out[name] = QueueRun(queue, sim)
+        row = series.row(f"queue:{name}:pending")
+        res = series.resolution
+
+        def sample(q: DeferredQueue = queue, row: list[int] = row, res: float = res) -> None:
+            i = round(clock.monotonic() / res) - 1
+            if 0 <= i < len(row):
+                s = q.stats()
+                row[i] = s["pending"] + s["in_flight"]
+        eng.every(res, sample, start=res)
+    return out

@@ -37,36 +37,16 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from stormguard._core.deadline import _current
 from stormguard._core.errors import TransientError
-from stormguard.integrations.shedding import Priorities
 from stormguard.observability.events import Event, StateChanged
-from stormguard.queue.core import DeferredQueue
-from stormguard.queue.events import JobDeferred
-from stormguard.queue.fallback import DeferFallback
-from stormguard.queue.job import Backoff, Deferred
-from stormguard.queue.worker import Worker
-from stormguard.ratelimit.limiter import RateLimiter
-from stormguard.ratelimit.rules import RequestAttrs
 from stormguard.resilience import Retry, Timeout
 from stormguard.resilience._base import Policy
-from stormguard.resilience.pipeline import Pipeline
 from stormguard.resilience.pipeline.blocking import chain
 from stormguard.sim.engine import Engine
-from stormguard.sim.inbound import (
-    Gate,
-    Keys,
-    Limited,
-    Overloaded,
-    SimWorker,
-    build_priorities,
-    build_rules,
-    build_shedder,
-    handler,
-    memory_queue,
-)
 from stormguard.sim.policies import FALLBACK, BuildContext, build_policies
 from stormguard.sim.runtime import (
     Gauge,
@@ -79,10 +59,14 @@ from stormguard.sim.runtime import (
     start,
 )
 from stormguard.sim.scenario import Scenario
-from stormguard.stores.hybrid import HybridStore
-from stormguard.stores.memory import MemoryStore
 
-__all__ = ["OUTCOMES", "DependencyDown", "QueueRun", "Result", "ServiceUnavailable", "run"]
+if TYPE_CHECKING:  # the inbound side is imported only by the scenarios that use it
+    from stormguard.integrations.shedding import Priorities
+    from stormguard.ratelimit.rules import RequestAttrs
+    from stormguard.sim.inbound import Gate, QueueRun
+
+__all__ = ["OUTCOMES", "DependencyDown", "Limited", "Overloaded", "Result", "ServiceUnavailable",
+           "run"]
 
 #: the request's key attributes, carried from a client task to the server's
 _ATTRS: contextvars.ContextVar[RequestAttrs] = contextvars.ContextVar("stormguard_sim_attrs")
@@ -94,6 +78,14 @@ class DependencyDown(TransientError):
 
 class ServiceUnavailable(TransientError):
     """A simulated service answered with an error (its request failed or was refused)."""
+
+
+class Limited(TransientError):
+    """A simulated service answered 429 (a rate limit denied the request)."""
+
+
+class Overloaded(TransientError):
+    """A simulated service answered 503 because its load shedder shed the request."""
 
 
 # -- latency distributions -------------------------------------------------------------
@@ -243,61 +235,10 @@ def _handle(inst: Instance, endpoint: str, clock: SimClock) -> str:
     return outcome
 
 
-def _handle_gated(inst: Instance, endpoint: str, attrs: RequestAttrs, tier: int,
-                  key: str) -> str:
-    """:func:`_handle` behind the instance's entry: the rate limits (a 429), then the load
-    shedder's slot (a 503 when shed), then the steps; the thread is held throughout, as
-    a thread-pool server runs its middleware."""
-    pool = inst.pool
-    try:
-        pool.acquire()
-    except PoolFull as exc:
-        raise ServiceUnavailable("503: queue full") from exc
-    outcome = "success"
-    gate = inst.gate
-    assert gate is not None
-    try:
-        gate.check(attrs)
-        if gate.shedder is None:
-            for step in inst.endpoints[endpoint]:
-                if step() is FALLBACK:
-                    outcome = "fallback"
-            return outcome
-        ticket = gate.admit(tier, key)
-        ok = False
-        try:
-            for step in inst.endpoints[endpoint]:
-                if step() is FALLBACK:
-                    outcome = "fallback"
-            ok = True
-        finally:
-            gate.shedder.release(ticket, ok)
-    finally:
-        pool.release()
-    return outcome
-
-
-def _deferring(step: _Step) -> _Step:
-    """A step whose policies defer: a ``Deferred`` answer served the request degraded."""
-    def run() -> object:
-        out = step()
-        return FALLBACK if isinstance(out, Deferred) else out
-    return run
-
-
 # -- the run ---------------------------------------------------------------------------
 OUTCOMES = ("success", "fallback", "error", "limited", "shed")
 """A request's final outcomes: ``limited`` is a 429 of a rate limit, ``shed`` a 503 of a
 load shedder (``error`` is every other failure)."""
-
-
-@dataclass
-class QueueRun:
-    """A deferred queue of the run and its worker."""
-
-    queue: DeferredQueue
-    worker: SimWorker
-    stats: dict[str, int] = field(default_factory=dict)  # at the end of the run
 
 
 @dataclass
@@ -376,6 +317,8 @@ class Result:
                                           for r in rules}
                 entry["rate_limit_store"] = self.scenario.services[name]["rate_limit"]["store"]
                 if entry["rate_limit_store"] == "hybrid":
+                    from stormguard.stores.hybrid import HybridStore
+
                     trips = sum(g.limiter.store._b.round_trips for g in gates
                                 if g.limiter is not None
                                 and isinstance(g.limiter.store, HybridStore))
@@ -550,6 +493,18 @@ class _Rate:
         return t + need / last if last > 0 else None
 
 
+def _inbound_side(scenario: Scenario) -> ModuleType | None:
+    """:mod:`stormguard.sim.inbound` if the scenario has rate limits, load shedding, keys
+    or queues (only such scenarios pay for its import and its code paths), else None."""
+    if scenario.queues or any("rate_limit" in s or "load_shedding" in s
+                              for s in scenario.services.values()) \
+            or any("keys" in t for t in scenario.traffic):
+        from stormguard.sim import inbound
+
+        return inbound
+    return None
+
+
 def run(scenario: Scenario, *, resolution: float = 1.0) -> Result:
     """Run ``scenario`` to its ``duration`` in virtual time and return what it measured."""
     eng, clock = new_engine()
@@ -567,17 +522,19 @@ def run(scenario: Scenario, *, resolution: float = 1.0) -> Result:
 
     deps = {name: Dependency(name, spec, clock, random.Random(master.random()), series)
             for name, spec in scenario.dependencies.items()}
-    queues = _start_queues(eng, clock, scenario, deps, series, master, listener)
-    defer_listeners = _defer_counter(queues, series)
+    inbound = _inbound_side(scenario)
+    queues: dict[str, QueueRun] = {} if inbound is None else inbound.start_queues(
+        eng, clock, scenario, deps, series, master, listener)
+    defer_listeners = () if inbound is None else inbound.defer_counter(queues, series)
     services: dict[str, Service] = {}
     gates: dict[str, list[Gate]] = {}
     for sname, sspec in scenario.services.items():
         gauge, qgauge = Gauge(clock, buckets, resolution), Gauge(clock, buckets, resolution)
         svc = Service(sname, sspec["threads"], gauge, qgauge)
-        make_gate = _gates(eng, clock, series, sname, sspec)
-        if "load_shedding" in sspec:
-            svc.priorities = build_priorities(f"services.{sname}.load_shedding",
-                                              sspec["load_shedding"])
+        make_gate = None if inbound is None else inbound.gates(eng, clock, series, sname, sspec)
+        if inbound is not None and "load_shedding" in sspec:
+            svc.priorities = inbound.build_priorities(f"services.{sname}.load_shedding",
+                                                      sspec["load_shedding"])
         for i in range(sspec["instances"]):
             inst = Instance(Pool(eng, clock, sspec["threads"], sspec.get("queue_limit"),
                                  gauge, qgauge))
@@ -599,26 +556,23 @@ def run(scenario: Scenario, *, resolution: float = 1.0) -> Result:
                     policies = build_policies(step.get("policies", []), ctx, where,
                                               dependency=step["call"])
                     wrapped = _wrap(policies, dep.call)
-                    if any(isinstance(p, DeferFallback) for p in policies):
-                        wrapped = _deferring(wrapped)
+                    if inbound is not None and queues:
+                        wrapped = inbound.deferring(wrapped, policies)
                     steps.append(wrapped)
                 inst.endpoints[ename] = tuple(steps)
             svc.instances.append(inst)
         services[sname] = svc
 
-    tiers: dict[str, str] = {}
-    for t in scenario.traffic:
-        tier = _start_traffic(eng, clock, t, services, series, random.Random(master.random()),
-                              scenario.duration, scenario)
-        if tier is not None:
-            tiers[t["name"]] = tier
-    for q in queues.values():
+    started = {t["name"]: _start_traffic(eng, clock, t, services, series,
+                                         random.Random(master.random()), scenario.duration,
+                                         scenario) for t in scenario.traffic}
+    tiers = {name: tier for name, tier in started.items() if tier is not None}
+    for q in queues.values():  # the workers start after the traffic (their first events)
         q.worker.start()
     eng.run(until=scenario.duration)
     clock.stop_tasks()  # requests still in flight end here (their memory with them)
     for q in queues.values():
-        q.worker.finish()
-        q.stats = q.queue.stats()
+        q.finish()
     for svc in services.values():
         svc.gauge.close(eng.now)
         svc.queue_gauge.close(eng.now)
@@ -639,90 +593,6 @@ def _drained_at(depth: list[int], resolution: float, deferred: int) -> float | N
         return None
     last = max((i for i, n in enumerate(depth) if n > 0), default=-1)
     return (last + 1) * resolution
-
-
-def _defer_counter(queues: dict[str, QueueRun], series: Series
-                   ) -> tuple[Callable[[Event], None], ...]:
-    """The listener of every ``defer`` fallback: deferrals per queue and bucket."""
-    if not queues:
-        return ()
-    inv_res, last = 1.0 / series.resolution, series.buckets - 1
-    deferred = {name: series.row(f"queue:{name}:deferred") for name in queues}
-
-    def on_deferred(event: Event) -> None:
-        if isinstance(event, JobDeferred):
-            b = int(event.at * inv_res)
-            deferred[event.task][b if b < last else last] += 1
-    return (on_deferred,)
-
-
-def _gates(eng: Engine, clock: SimClock, series: Series, sname: str, sspec: dict[str, Any]
-           ) -> Callable[[int], Gate] | None:
-    """A maker of the instances' entry gates (None: the service has neither rate limits
-    nor load shedding, and its requests take the plain path)."""
-    rl, ls = sspec.get("rate_limit"), sspec.get("load_shedding")
-    if rl is None and ls is None:
-        return None
-    where = f"services.{sname}"
-    rules = None if rl is None else build_rules(f"{where}.rate_limit.rules", rl["rules"])
-    shared = backend = None
-    if rl is not None and rl["store"] == "shared":
-        shared = RateLimiter(MemoryStore(clock=clock), name=f"{sname}.limiter")
-    elif rl is not None and rl["store"] == "hybrid":
-        backend = MemoryStore(clock=clock)  # the shared store (the Redis) of the instances
-    phases = random.Random(f"{sname}:sync")
-
-    def make(i: int) -> Gate:
-        limiter = shared
-        if backend is not None:
-            assert rl is not None
-            # each instance's HybridStore over the shared backend, its sync rounds on the
-            # engine at its own phase (a round trip takes no virtual time here)
-            store = HybridStore(backend, sync_interval=None, hot_rate=rl["hot_rate"],
-                                clock=clock, name=f"{sname}#{i}")
-            interval = rl["sync_interval"]
-            eng.every(interval, store.sync, start=phases.random() * interval)
-            limiter = RateLimiter(store, name=f"{sname}#{i}.limiter")
-        elif rl is not None and limiter is None:
-            limiter = RateLimiter(MemoryStore(clock=clock), name=f"{sname}#{i}.limiter")
-        shedder = None if ls is None else build_shedder(
-            f"{where}.load_shedding", ls, clock, f"{sname}#{i}.shedder")
-        return Gate(eng, clock, series, sname, limiter, rules, shedder)
-    return make
-
-
-def _start_queues(eng: Engine, clock: SimClock, scenario: Scenario,
-                  deps: dict[str, Dependency], series: Series, master: random.Random,
-                  listener: Callable[[int], Callable[[Event], None]]) -> dict[str, QueueRun]:
-    """The scenario's deferred queues and their workers (not started yet)."""
-    out: dict[str, QueueRun] = {}
-    for name, spec in scenario.queues.items():
-        queue = memory_queue(name, clock)
-        ctx = BuildContext(clock=clock, rng=random.Random(master.random()),
-                           listener=listener(-1), instance=-1)
-        policies = build_policies(spec["policies"], ctx, f"queues.{name}.policies",
-                                  spec["call"])
-        b = spec["backoff"]
-        worker = Worker(queue, {name: handler(deps[spec["call"]].call, series, name, clock)},
-                        pipeline=Pipeline(*policies, name=f"{name}.worker") if policies
-                        else None,
-                        concurrency=spec["concurrency"], max_attempts=spec["max_attempts"],
-                        visibility_timeout=spec["visibility_timeout"],
-                        backoff=Backoff(b["base"], b["multiplier"], b["max_delay"], b["jitter"],
-                                        random.Random(master.random())),
-                        poll_interval=spec["poll_interval"], name=f"{name}.worker", clock=clock)
-        sim = SimWorker(eng, clock, worker, series, name, spec["rate"], spec["start"])
-        out[name] = QueueRun(queue, sim)
-        row = series.row(f"queue:{name}:pending")
-        res = series.resolution
-
-        def sample(q: DeferredQueue = queue, row: list[int] = row, res: float = res) -> None:
-            i = round(clock.monotonic() / res) - 1
-            if 0 <= i < len(row):
-                s = q.stats()
-                row[i] = s["pending"] + s["in_flight"]
-        eng.every(res, sample, start=res)
-    return out
 
 
 def _all_full(svc: Service) -> float | None:
@@ -755,21 +625,28 @@ def _start_traffic(  # noqa: PLR0915 -- the closures of one traffic source, toge
     tag_latency = f"{name}:latency_us"
     tags = {o: f"{name}:{o}" for o in OUTCOMES}
     gated = bool(svc.instances) and svc.instances[0].gate is not None
-    keys = None if spec.get("keys") is None else Keys(spec["keys"], random.Random(rng.random()))
+    keys = None
     route = f"GET /{endpoint}"
     if scenario is not None:
         route = scenario.services[sname]["endpoints"][endpoint].get("route", route)
     method, _, path = route.partition(" ")
     tier_index, shed_key = (1, route) if svc.priorities is None else svc.priorities.route(
         method, path)
-    static = RequestAttrs(method=method, path=path)
+    top: Callable[[], str]
+    if gated or spec.get("keys") is not None:
+        from stormguard.ratelimit.rules import RequestAttrs
+        from stormguard.sim.inbound import Keys, handle_gated
+
+        if spec.get("keys") is not None:
+            keys = Keys(spec["keys"], random.Random(rng.random()))
+        static = RequestAttrs(method=method, path=path)
+
+        def gated_server() -> str:
+            attrs = _ATTRS.get() if keys is not None else static
+            return handle_gated(svc.pick(), endpoint, attrs, tier_index, shed_key)
 
     def server() -> str:
         return _handle(svc.pick(), endpoint, clock)
-
-    def gated_server() -> str:
-        attrs = _ATTRS.get() if keys is not None else static
-        return _handle_gated(svc.pick(), endpoint, attrs, tier_index, shed_key)
 
     # client layers, outermost first: each a pipeline around a remote call to the next hop
     def remote(inner: Callable[[], str], honour: bool) -> Callable[[], str]:
@@ -798,7 +675,7 @@ def _start_traffic(  # noqa: PLR0915 -- the closures of one traffic source, toge
             return str(value)
         return call
 
-    top: Callable[[], str] = gated_server if gated else server
+    top = gated_server if gated else server
     for layer in reversed(spec.get("clients", [])):
         policies: list[Policy] = []
         if layer.get("timeout") is not None:

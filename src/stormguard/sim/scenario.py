@@ -344,14 +344,17 @@ def _check_policies(scenario: Scenario) -> None:
     """Build every step's policies once so that their options are checked now."""
     import random
 
-    from stormguard.sim.inbound import memory_queue
     from stormguard.sim.policies import BuildContext, build_policies
     from stormguard.sim.runtime import SimClock
 
     clock = SimClock()
+    queues: dict[str, Any] = {}
+    if scenario.queues:
+        from stormguard.sim.inbound import memory_queue
+
+        queues = {q: memory_queue(q, clock) for q in scenario.queues}
     ctx = BuildContext(clock=clock, rng=random.Random(0), listener=lambda _e: None,
-                       instance=0,
-                       queues={q: memory_queue(q, clock) for q in scenario.queues})
+                       instance=0, queues=queues)
     for qname, q in scenario.queues.items():
         where = f"queues.{qname}.policies"
         policies = build_policies(q["policies"], ctx, where, q["call"])

@@ -288,3 +288,62 @@ def test_the_example_file_is_the_builtin_inbound_night() -> None:
 
     example = Path(__file__).resolve().parents[2] / "examples" / "sale-night-inbound.yaml"
     assert load(example) == salenight.scenario("inbound")
+
+
+def test_the_command_shows_429s_shedding_and_queues(tmp_path: Any,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from stormguard.cli import main
+
+    data = shop(duration=6)
+    data["services"]["shop"]["load_shedding"] = {"limit": 4, "priorities": {
+        "/products*": "sheddable", "POST /checkout*": "critical"}}
+    data["dependencies"] = {"sms": {"latency": "5ms", "error_rate": 1.0}}
+    data["queues"] = {"sms": {"call": "sms", "rate": 10}}
+    data["services"]["shop"]["endpoints"]["order"] = {
+        "route": "POST /checkout", "steps": [{"call": "sms", "policies": [
+            {"defer": {"queue": "sms"}}]}]}
+    data["traffic"].append({"name": "orders", "target": "shop.order",
+                            "arrival": {"process": "constant", "rate": 5}})
+    path = tmp_path / "front.yaml"
+    path.write_text(dump(from_dict(data)), "utf-8")
+    png = tmp_path / "front.png"
+    assert main(["simulate", str(path), "--plot", str(png)]) == 0
+    text = capsys.readouterr().out
+    assert "429" in text
+    assert "503 shed" in text
+    assert "rule per-user (shared store) denied" in text
+    assert "queue sms: " in text
+    assert png.stat().st_size > 10_000
+    assert main(["simulate", str(path), "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["traffic"]["bot"]["limited_rate"] > 0.9
+    assert figures["traffic"]["users"]["shed_rate"] > 0
+    assert figures["inbound"]["shop"]["shedding"]["tiers"]["sheddable"]["shed"] > 0
+    assert figures["tiers"]["critical"]["traffic"] == ["orders"]
+    assert figures["queues"]["sms"]["deferred"] == pytest.approx(5 * 6, abs=1)
+    assert figures["queues"]["sms"]["drained"] == 0  # the provider never answers
+    from stormguard.sim.report import result_panels
+
+    r = run(from_dict(data))
+    titles = [p[0] for p in result_panels(r)]
+    assert any("429" in t for t in titles)
+    assert any("deferred queues" in t for t in titles)
+
+
+def test_a_scenario_without_the_inbound_side_takes_the_plain_path() -> None:
+    # no rate limits, shedding, keys or queues: no gate, no 429 or 503 rows, no extra
+    # sections in the figures (the path and the figures of the plain model)
+    data = shop()
+    del data["services"]["shop"]["rate_limit"]
+    for t in data["traffic"]:
+        del t["keys"]
+    r = run(from_dict(data))
+    assert r.gates == {}
+    assert r.queues == {}
+    s = r.summary()
+    assert "inbound" not in s
+    assert "tiers" not in s
+    assert r.series.total("bot:limited") == 0
+    assert r.outcome_rates("bot")["success"] == 1.0

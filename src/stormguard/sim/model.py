@@ -360,7 +360,8 @@ class Result:
         return out
 
     def queue_depth(self, queue: str) -> list[int]:
-        """Pending jobs of ``queue`` at the end of each bucket of virtual time."""
+        """Jobs of ``queue`` not done yet (pending or in flight) at the end of each bucket
+        of virtual time."""
         return self.series.counts.get(f"queue:{queue}:pending", [])
 
     def queue_summary(self) -> dict[str, Any]:

@@ -347,3 +347,35 @@ def test_a_scenario_without_the_inbound_side_takes_the_plain_path() -> None:
     assert "tiers" not in s
     assert r.series.total("bot:limited") == 0
     assert r.outcome_rates("bot")["success"] == 1.0
+
+
+def test_rules_match_by_api_key_endpoint_tier_and_ip_as_the_service_matches_them() -> None:
+    data = {
+        "name": "scopes", "duration": 10, "seed": 1, "measure": {"start": 1, "end": 10},
+        "services": {"api": {
+            "threads": None,
+            "rate_limit": {"rules": [
+                # API keys on the free tier: 10/s each; the pro tier is not limited
+                {"name": "free-keys", "scope": "api_key", "tier": "free", "limit": 10,
+                 "window": "1s", "algorithm": "fixed_window"},
+                # searches, by client IP: 5/s each; other routes are not limited by it
+                {"name": "search-ip", "scope": "ip", "endpoint": "GET /search*",
+                 "limit": 5, "window": "1s", "algorithm": "fixed_window"}]},
+            "endpoints": {"search": {"route": "GET /search", "steps": [{"work": "1ms"}]},
+                          "items": {"route": "GET /items", "steps": [{"work": "1ms"}]}}}},
+        "traffic": [
+            {"name": "free", "target": "api.items", "keys": {"api_key": "k-free", "tier": "free"},
+             "arrival": {"process": "constant", "rate": 50}},
+            {"name": "pro", "target": "api.items", "keys": {"api_key": "k-pro", "tier": "pro"},
+             "arrival": {"process": "constant", "rate": 50}},
+            {"name": "searcher", "target": "api.search", "keys": {"ip": "10.0.0.7"},
+             "arrival": {"process": "constant", "rate": 20}},
+            {"name": "browser", "target": "api.items", "keys": {"ip": "10.0.0.7"},
+             "arrival": {"process": "constant", "rate": 20}}]}
+    r = run(from_dict(data))
+    assert r.admitted_per_s("free") == pytest.approx(10, rel=0.02)
+    assert r.outcome_rates("pro")["limited"] == 0.0
+    assert r.admitted_per_s("searcher") == pytest.approx(5, rel=0.02)
+    assert r.outcome_rates("browser")["limited"] == 0.0  # the same IP, another route
+    assert r.limited_per_s("api", "free-keys") == pytest.approx(40, rel=0.02)
+    assert r.limited_per_s("api", "search-ip") == pytest.approx(15, rel=0.02)

@@ -639,7 +639,10 @@ def _start_traffic(  # noqa: PLR0915 -- the closures of one traffic source, toge
         from stormguard.sim.inbound import Keys, handle_gated
 
         if spec.get("keys") is not None:
-            keys = Keys(spec["keys"], random.Random(rng.random()))
+            # its own seeded source: giving a traffic source keys leaves its arrivals as
+            # they were
+            seed = 0 if scenario is None else scenario.seed
+            keys = Keys(spec["keys"], random.Random(f"{seed}:{name}:keys"))
         static = RequestAttrs(method=method, path=path)
 
         def gated_server() -> str:

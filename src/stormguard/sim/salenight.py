@@ -219,6 +219,9 @@ def inbound_figures(r: Result) -> dict[str, Any]:
         "critical_served_rate": round(tiers["critical"]["success_rate"]
                                       + tiers["critical"]["fallback_rate"], 4),
         "deferred": q["deferred"], "deferred_arithmetic": round(expected),
+        # the orders that arrived while the provider was slow (every one's SMS deferred)
+        "orders_while_slow": r.series.total("orders:arrivals", *SMS_SLOW),
+        "deferred_of_those": r.series.total("orders:fallback", *SMS_SLOW),
         "breakers_closed_at_s": sorted(round(at, 3) for at in closed.values()),
         "drained": q["drained"], "dead": q["dead"],
         "lost": q["lost"], "pending_at_end": q["pending_at_end"] + q["in_flight_at_end"],

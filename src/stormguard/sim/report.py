@@ -99,12 +99,13 @@ def result_panels(r: Result) -> list[Panel]:
         depth = []
         for name in r.queues:
             row = r.queue_depth(name)
-            depth.append((f"{name} pending", xs, [float(row[i]) for i in range(len(xs))]))
+            depth.append((f"{name} not done (pending or in flight)", xs,
+                          [float(row[i]) for i in range(len(xs))]))
             drained = r.series.counts.get(f"queue:{name}:drained", [])
             depth.append((f"{name} drained/s", xs,
                           [drained[i] / r.resolution for i in range(len(xs))]))
-        panels.append(("deferred queues: jobs pending, drained per second", "jobs", False,
-                       depth))
+        panels.append(("deferred queues: jobs not done yet, and drained per second", "jobs",
+                       False, depth))
     return panels
 
 

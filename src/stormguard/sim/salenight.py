@@ -311,7 +311,8 @@ class SaleNight:
                 ("SMS calls/s with the provider down, 1,000 orders/s", "calls/s", False, calls),
                 ("orders by outcome, breaker + fallback + 1 s timeout", "share", False,
                  outcome_lines(r["breaker"], "orders")),
-                *result_panels(r["inbound"])[3:]]
+                *[(f"inbound night: {title}", ylabel, log, lines)
+                  for title, ylabel, log, lines in result_panels(r["inbound"])[3:]]]
 
     def text(self) -> str:
         rows = [("figure", "simulated", "arithmetic", "difference"), *self.table()]

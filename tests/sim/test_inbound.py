@@ -50,6 +50,21 @@ def test_a_shared_store_admits_the_bot_at_its_limit_and_no_user_is_denied() -> N
     assert r.summary()["traffic"]["bot"]["limited_rate"] == pytest.approx(0.96, abs=0.01)
 
 
+def test_a_shadow_rule_counts_what_it_would_deny_and_refuses_nothing() -> None:
+    data = shop()
+    data["services"]["shop"]["rate_limit"]["rules"].append(
+        {"name": "tighter", "scope": "user", "limit": 5, "window": "1s",
+         "algorithm": "fixed_window", "shadow": True})
+    data["traffic"] = data["traffic"][1:]  # the bot alone
+    r = run(from_dict(data))
+    # shadow rules see only what the enforced rules admit: the bot's 20/s, of which a
+    # 5/s limit would deny 15/s; the bot still gets its 20/s
+    assert r.admitted_per_s("bot") == pytest.approx(20, rel=0.02)
+    inbound = r.summary()["inbound"]["shop"]
+    assert inbound["shadow_denied_per_s"]["tighter"] == pytest.approx(15, rel=0.05)
+    assert "tighter" not in inbound["limited_per_s"]
+
+
 def test_a_store_per_instance_admits_the_limit_on_each_instance() -> None:
     # round robin: each of the 2 instances sees 250/s of the bot and admits 20/s of it
     r = run(from_dict(shop(store="instance")))

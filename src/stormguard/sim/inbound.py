@@ -157,8 +157,8 @@ class Gate:
     """One instance's entry: its rate limiter and rules, its shedder (either may be None),
     and the rows counting what they refused."""
 
-    __slots__ = ("_clock", "_eng", "_inv_res", "_last", "_limited", "_shed", "limiter",
-                 "rules", "shedder")
+    __slots__ = ("_clock", "_eng", "_inv_res", "_last", "_limited", "_shadow", "_shed",
+                 "limiter", "rules", "shedder")
 
     def __init__(self, eng: Engine, clock: SimClock, series: Series, service: str,
                  limiter: RateLimiter | None, rules: RuleSet | None,
@@ -171,8 +171,12 @@ class Gate:
         self._inv_res = 1.0 / series.resolution
         self._last = series.buckets - 1
         self._limited: dict[str, list[int]] = {}
+        self._shadow: dict[str, list[int]] = {}
         if rules is not None:
-            self._limited = {r.name: series.row(f"limited:{service}:{r.name}") for r in rules}
+            self._limited = {r.name: series.row(f"limited:{service}:{r.name}") for r in rules
+                             if not r.shadow}
+            self._shadow = {r.name: series.row(f"shadow:{service}:{r.name}") for r in rules
+                            if r.shadow}
         self._shed = tuple(series.row(f"shed:{service}:{t}")
                            for t in ("critical", "degraded", "sheddable"))
 
@@ -186,6 +190,10 @@ class Gate:
         if rules is None or limiter is None:
             return
         result = rules.check(limiter, attrs)
+        if result.shadow_denied:  # a dry-run rule would have denied it: counted, not refused
+            b = self._bucket()
+            for name in result.shadow_denied:
+                self._shadow[name][b] += 1
         if result.allowed:
             return
         d = result.decision

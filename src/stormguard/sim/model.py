@@ -314,7 +314,11 @@ class Result:
             rules = gates[0].rules
             if rules is not None:
                 entry["limited_per_s"] = {r.name: round(self.limited_per_s(name, r.name), 3)
-                                          for r in rules}
+                                          for r in rules if not r.shadow}
+                shadow = {r.name: round(self.series.rate(f"shadow:{name}:{r.name}", lo, hi), 3)
+                          for r in rules if r.shadow}
+                if shadow:  # dry-run rules: what they would have denied, per second
+                    entry["shadow_denied_per_s"] = shadow
                 entry["rate_limit_store"] = self.scenario.services[name]["rate_limit"]["store"]
                 if entry["rate_limit_store"] == "hybrid":
                     from stormguard.stores.hybrid import HybridStore

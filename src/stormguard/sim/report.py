@@ -209,6 +209,9 @@ def _inbound_text(s: dict[str, Any]) -> list[str]:
         for rule, per_s in entry.get("limited_per_s", {}).items():
             lines += ["", f"{name}: rule {rule} ({entry['rate_limit_store']} store) denied "
                           f"{per_s:,.1f} requests/s (429)"]
+        for rule, per_s in entry.get("shadow_denied_per_s", {}).items():
+            lines += ["", f"{name}: shadow rule {rule} would have denied {per_s:,.1f} "
+                          "requests/s (not refused)"]
         shed = entry.get("shedding")
         if shed is not None:
             lines += ["", f"{'tier':<16}{'admitted':>10}{'shed':>10}{'shed rate':>11}"

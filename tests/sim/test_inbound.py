@@ -162,6 +162,40 @@ def test_shedding_takes_the_sheddable_tier_and_spares_the_critical_one() -> None
     assert shed["sheddable"]["shed_per_s"] == pytest.approx(600 * feed["shed"], rel=0.05)
 
 
+def test_a_standing_queue_turns_codel_on_and_a_traffic_priority_overrides_its_route() -> None:
+    data = shedding(20)
+    # the same feed requests, one source sent as critical (a trusted proxy's header)
+    data["traffic"].append({"name": "feed-vip", "target": "api.feed", "priority": "critical",
+                            "arrival": {"process": "poisson", "rate": 30}})
+    r = run(from_dict(data))
+    s = r.summary()
+    assert s["traffic"]["feed-vip"]["tier"] == "critical"
+    assert s["traffic"]["feed"]["tier"] == "sheddable"
+    assert r.outcome_rates("feed-vip")["shed"] == 0.0
+    assert r.outcome_rates("feed")["shed"] > 0.8
+    bad = shedding(20)
+    del bad["services"]["api"]["load_shedding"]
+    bad["traffic"][0]["priority"] = "critical"
+    with pytest.raises(ConfigError) as err:
+        from_dict(bad)
+    assert err.value.field == "traffic[0].priority"
+
+    # critical work beyond the limit: 1,100/s x 0.1 s = 110 slots wanted of 100, so
+    # critical requests wait (200 ms at most) and their queue stands past CoDel's 5 ms
+    # target for its 100 ms interval: from then on the degraded arrivals that would
+    # wait are shed at once (reason "codel"), the others when no slot can come in time
+    over = shedding(100, cheap_rate=100)
+    over["services"]["api"]["load_shedding"]["queue_timeout"] = "200ms"
+    over["traffic"][0]["arrival"]["rate"] = 1100
+    over["traffic"][1]["priority"] = "degraded"
+    s = run(from_dict(over)).summary()
+    stats = s["inbound"]["api"]["shedding"]
+    assert stats["shed_codel"] > 0
+    assert stats["shed_queue_timeout"] > 0  # critical waiters whose 200 ms ran out
+    assert s["tiers"]["degraded"]["shed_rate"] == 1.0  # never a slot below its cap of 80
+    assert s["tiers"]["critical"]["success_rate"] > 0.85  # about 100 / 110 of them
+
+
 def test_an_adaptive_limit_follows_a_dependency_that_queues() -> None:
     data = shedding({"adaptive": {"initial": 100, "min": 5, "max": 200}}, cheap_rate=0)
     data["dependencies"] = {"db": {"latency": "10ms", "capacity": 300}}

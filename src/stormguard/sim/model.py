@@ -637,6 +637,8 @@ def _start_traffic(  # noqa: PLR0915 -- the closures of one traffic source, toge
     method, _, path = route.partition(" ")
     tier_index, shed_key = (1, route) if svc.priorities is None else svc.priorities.route(
         method, path)
+    if spec.get("priority") is not None:  # the traffic's own tier (a trusted proxy's header)
+        tier_index = ("critical", "degraded", "sheddable").index(spec["priority"])
     top: Callable[[], str]
     if gated or spec.get("keys") is not None:
         from stormguard.ratelimit.rules import RequestAttrs

@@ -226,6 +226,12 @@ def from_dict(data: object) -> Scenario:  # noqa: PLR0915 -- one pass over the s
                  "clients": clients}
         if "keys" in t:
             entry["keys"] = _keys(f"{f}.keys", t["keys"])
+        if "priority" in t:
+            if "load_shedding" not in services[sname]:
+                raise ConfigError(f"{f}.priority", t["priority"],
+                                  f"applies only to a service with load_shedding ({sname} "
+                                  "has none)")
+            entry["priority"] = t["priority"]
         traffic.append(entry)
     queues: dict[str, dict[str, Any]] = {}
     for qname, q in data.get("queues", {}).items():

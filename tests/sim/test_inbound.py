@@ -122,6 +122,19 @@ def test_zipf_keys_follow_their_popularity() -> None:
     attrs = Keys(spec, random.Random(9)).draw("GET", "/x")  # the same draw, as attributes
     assert (attrs.user, attrs.ip, attrs.method, attrs.path) == (
         f"u{rank}", f"10.0.0.{rank}", "GET", "/x")
+    # ten million clients: the first 100,000 weights exact, the tail an integral
+    for exponent in (1.0, 0.8):
+        big = Keys({"count": 10_000_000, "popularity": "zipf", "exponent": exponent,
+                    "user": "u{i}"}, random.Random(3))
+        exact = sum(k ** -exponent for k in range(1, 10_000_001))
+        assert big.share(1) == pytest.approx(1 / exact, rel=1e-6)
+        assert big.share(5_000_000) == pytest.approx(5_000_000 ** -exponent / exact, rel=1e-6)
+        ranks = [big.rank() for _ in range(n)]
+        assert all(1 <= k <= 10_000_000 for k in ranks)
+        assert ranks.count(1) / n == pytest.approx(big.share(1), rel=0.05)
+        # the tail beyond the exact table holds its share of the draws
+        tail = 1 - sum(big.share(k) for k in range(1, 100_001))
+        assert sum(1 for k in ranks if k > 100_000) / n == pytest.approx(tail, rel=0.03)
     uniform = Keys({"count": 4, "user": "u{i}", "tier": "free"}, random.Random(2))
     seen = [uniform.rank() for _ in range(40_000)]
     for k in range(1, 5):

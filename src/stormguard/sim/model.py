@@ -20,7 +20,11 @@ a running model on one :class:`~stormguard.sim.Engine`:
   wait their turn (an overloaded provider gets slower), a call abandoned by its
   caller still takes its turn (the provider does not know), and with ``queue_limit``
   a full queue answers 503 at once. Latency, error rate and capacity change at the
-  times given in ``changes``.
+  times given in ``changes``;
+* the **front door** (:mod:`stormguard.sim.inbound`, imported only by the scenarios
+  that use it): a service's rate limits (429) and load shedder (503, by tier) at each
+  instance's entry, traffic key populations, and deferred queues drained by a worker.
+  A request's final outcome is one of :data:`OUTCOMES`.
 
 Calls honour the deadline in force the way a well-behaved client library does (the
 httpx transport of stormguard clips its timeouts to it): a call stops waiting when

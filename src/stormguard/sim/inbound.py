@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from stormguard._core.errors import ConfigError
+from stormguard._core.errors import ConfigError, Shed
 from stormguard.integrations.shedding import Priorities
 from stormguard.observability.events import Event
 from stormguard.overload.limit import AdaptiveLimit
@@ -162,7 +162,7 @@ class _SimEvent(threading.Event):
 
 
 def acquire(shedder: Shedder, tier: int, key: str, eng: Engine, clock: SimClock
-            ) -> Ticket | Exception:
+            ) -> Ticket | Shed:
     """``shedder.acquire_blocking(tier, key)`` in virtual time: the same decisions (the
     shedder's own ``_admit``, ``_give_up``), the wait of at most ``queue_timeout`` on the
     engine instead of a thread's."""
@@ -236,7 +236,7 @@ class Gate:
         if isinstance(got, Ticket):
             return got
         self._shed[tier][self._bucket()] += 1
-        raise Overloaded(f"503: {got}", retry_after=getattr(got, "retry_after", None))
+        raise Overloaded(f"503: {got}", retry_after=got.retry_after)
 
 
 # -- deferred work -----------------------------------------------------------------------

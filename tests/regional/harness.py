@@ -16,8 +16,19 @@ REGIONS = ("us", "eu", "ap")
 
 class Regions:
     def __init__(self, stores: dict[str, RegionalStore], clock: FakeClock, rule: Rule,
-                 *, steps: int = 10, interval: float = 1.0, parallel: bool = False) -> None:
+                 *, steps: int = 10, interval: float = 1.0, parallel: bool = False,
+                 hurry: bool = True, order: tuple[str, ...] | None = None,
+                 after_round: Callable[[], None] | None = None) -> None:
+        """``hurry``: a store whose raise is pending (``pending()``) syncs again half-way
+        through the next interval, as the background sync does; ``order``: the order of
+        the syncs at the same instant (the stores' order by default); ``after_round``:
+        called after each round of syncs (a test's boards deliver the reports then:
+        every region syncing at the same instant reads the reports of the round
+        before)."""
         self.parallel = parallel
+        self.hurry = hurry
+        self.order = order
+        self.after_round = after_round
         self.stores = stores
         self.clock = clock
         self.rule = rule
@@ -36,7 +47,13 @@ class Regions:
     def run_interval(self, offered: dict[str, int]) -> None:
         """Spread ``offered[r]`` checks per region over one interval, then sync."""
         step = self.interval / self.steps
+        hurried = [s for s in self._ordered() if self.hurry and s.pending()]
         for i in range(self.steps):
+            if hurried and i == self.steps // 2:
+                for s in hurried:
+                    s.sync()
+                if self.after_round is not None:
+                    self.after_round()
             self.clock.advance(step)
             w = self.window()
             for r, n in offered.items():
@@ -50,10 +67,16 @@ class Regions:
                         self.admitted[w][r] += 1
         self.sync_all(self.parallel)
 
+    def _ordered(self) -> list[RegionalStore]:
+        names = self.order or tuple(self.stores)
+        return [self.stores[r] for r in names]
+
     def sync_all(self, parallel: bool = False) -> None:
         if not parallel:
-            for s in self.stores.values():
+            for s in self._ordered():
                 s.sync()
+            if self.after_round is not None:
+                self.after_round()
             return
         threads = [threading.Thread(target=s.sync) for s in self.stores.values()]
         for t in threads:

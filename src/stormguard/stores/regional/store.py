@@ -55,6 +55,12 @@ _log = logging.getLogger("stormguard")
 # two are enforced as the leaky bucket, under a storage identity of its own.
 _AS_LEAKY = ("token_bucket", "gcra")
 
+# a raise pending by more than this (a fraction of the limit) hurries the syncs: the
+# claimant and the peers that read its claim sync again after half an interval, so the
+# claim is read and acknowledged, and the acknowledgement read, in half the time. Smaller
+# moves (the noise of steady demand) wait for the next regular sync.
+HURRY = 0.01
+
 
 @dataclass(slots=True)
 class _Entry:
@@ -66,11 +72,16 @@ class _Entry:
     rule: Rule | None = None
     local: Rule | None = None
     active: float = 0.0  # monotonic time of the last demand anyone reported
-    # the claims this region published and no peer has acknowledged yet: (seq, claim),
-    # oldest first. A claim is the most this region may enforce (max of the enforced
-    # share and the one it wants): peers hold themselves to 1 - the others' claims
-    claims: list[tuple[int, float]] = field(default_factory=list)
+    # the claim of this region's latest report: the most it may enforce (the larger of
+    # the enforced share and the one it wants): peers hold themselves to 1 - the others'
+    # claims
     claim: float = 0.0
+    # the claims this region's reports carried for the key: (seq, claim), each from the
+    # report `seq` until the next item's, kept from the newest report every peer has
+    # read on. Every peer holds itself to one of them, so this region may enforce up
+    # to their minimum at once (see _plan_key). Before the entry existed its reports
+    # claimed the static weight (a key left out of a report is claimed at the weight)
+    published: list[tuple[int, float]] = field(default_factory=list)
 
 
 def _check_regions(stores: object) -> dict[str, Any]:
@@ -165,6 +176,9 @@ class RegionalStore(Store):
         self._peer_held: dict[str, dict[tuple[str, str], float]] = {}  # their enforced
         self._rank = {r: i for i, r in enumerate(sorted(self.regions))}
         self._lost: set[str] = set()
+        self._peer_hurry: dict[str, bool] = {}  # peer -> its last report had a raise pending
+        self._hurry = False  # a raise pending, here or at a fresh peer: sync again sooner
+        self._lag = 0.0  # seconds the background syncs started after they were due
         self._seq = 0
         self._last_sync: float | None = None
         self._counts: dict[str, int] = {"syncs": 0, "sync_failures": 0, "read_failures": 0,
@@ -463,13 +477,34 @@ class RegionalStore(Store):
     # -- the sync ---------------------------------------------------------------------
     def _run(self) -> None:
         # a fixed rate: a sync every interval from the start (the next one at once when a
-        # sync took longer than the interval), not an interval after each sync
+        # sync took longer than the interval), not an interval after each sync; while a
+        # raise is pending (pending()), one more sync half-way to the next regular one
         interval = self.sync_interval or 1.0
         due = time.monotonic()
         while not self._stop.is_set():
+            self._lag += max(0.0, time.monotonic() - due)
             self.sync()
             due = max(due + interval, time.monotonic())
+            if self.pending():
+                self._half(due - interval / 2)
             self._stop.wait(max(0.0, due - time.monotonic()))  # real time: the period
+
+    def _half(self, at: float) -> None:
+        """The hurried sync half an interval after a regular one (off the request path,
+        at most one per interval)."""
+        self._stop.wait(max(0.0, at - time.monotonic()))  # real time: half the period
+        if not self._stop.is_set():
+            self._lag += max(0.0, time.monotonic() - at)
+            self.sync()
+
+    def pending(self) -> bool:
+        """Whether a raise is pending: this region, or a fresh peer whose last report it
+        read, has claimed more than it enforces (by more than 1 % of the limit) and waits
+        for the acknowledgements. The background sync then runs once more half-way to
+        the next regular sync (a driver of ``sync()`` with ``sync_interval=None`` may do
+        the same), so a claim is read, acknowledged and the acknowledgement read sooner.
+        False in a partition (nobody raises then)."""
+        return self._hurry
 
     def sync(self) -> None:
         """Publish this region's demand to every peer, read the peers' reports, recompute
@@ -509,7 +544,8 @@ class RegionalStore(Store):
         return counts, own, rules, interval
 
     def _encode(self, counts: dict[tuple[str, str], list[int]],
-                own: dict[tuple[str, str], float], interval: float) -> bytes:
+                own: dict[tuple[str, str], float], interval: float,
+                hurry: bool = False) -> bytes:
         """The report: per key this region's demand, counts and claim (every key of the
         share table: a key left out is claimed at the static weight)."""
         rows = []
@@ -523,7 +559,7 @@ class RegionalStore(Store):
         return json.dumps({"v": 1, "region": self.region, "seq": self._seq,
                            "epoch": self._epoch, "interval": interval,
                            "acks": {p: list(es) for p, es in self._peer_seq.items()},
-                           "keys": rows}, separators=(",", ":")).encode()
+                           "hurry": hurry, "keys": rows}, separators=(",", ":")).encode()
 
     def _restore(self) -> None:
         """Start from this region's own last report, kept in its own board (an in-region
@@ -541,8 +577,11 @@ class RegionalStore(Store):
                 claim = float(row[6]) if len(row) > 6 else self.weights[self.region]
                 shares = dict(self.weights)
                 shares[self.region] = claim
+                # what the reports before the restored one claimed is unknown: nothing
+                # is free until the peers have read the restored claims
                 self._table[(str(row[0]), str(row[1]))] = _Entry(
-                    shares, claim, claim, active=now, claim=claim)
+                    shares, claim, claim, active=now, claim=claim,
+                    published=[(0, 0.0), (seq, claim)])
             self._seq = seq
             self._epoch = str(report.get("epoch", self._epoch))
         except Exception as exc:  # a restart without its last report starts from weights
@@ -605,6 +644,7 @@ class RegionalStore(Store):
                 self._peer_demand[sender] = demand
                 self._peer_claim[sender] = claims
                 self._peer_held[sender] = held
+                self._peer_hurry[sender] = report.get("hurry") is True
                 ack = report.get("acks", {}).get(self.region)
                 self._acks[sender] = (int(ack[1]) if isinstance(ack, list) and len(ack) == 2
                                       and ack[0] == self._epoch else 0)
@@ -647,7 +687,15 @@ class RegionalStore(Store):
                 if peer != self.region:
                     demand[peer] = self._peer_demand.get(peer, {}).get(k, 0.0)
             self._plan_key(k, demand, fresh, isolated, acked, rules.get(k[0]), now)
-        self._publish(self._encode(counts, own, interval))
+        mine = self._raising()
+        self._hurry = mine or any(self._peer_hurry.get(p, False) for p in fresh
+                                  if p != self.region)
+        self._publish(self._encode(counts, own, interval, mine))
+
+    def _raising(self) -> bool:
+        """Whether this region claims more than it enforces, by more than ``HURRY``, for
+        some key (a raise waits for the peers' acknowledgements)."""
+        return any(e.claim - e.enforced > HURRY for e in self._table.values())
 
     def _claim_of(self, peer: str, k: tuple[str, str]) -> float:
         """The most ``peer`` may enforce for ``k``: its last claim, else its weight (what
@@ -702,7 +750,10 @@ class RegionalStore(Store):
         else:
             return  # nobody wants it and nothing is known: the static weights hold
         old = entry.enforced if entry is not None else weight
-        claims = entry.claims if entry is not None else []
+        claim = None  # what this region wants beyond what it enforces, if anything
+        published = entry.published if entry is not None else [(0, weight)]
+        while len(published) > 1 and published[1][0] <= acked:
+            published.pop(0)  # reports older than any a peer may still hold to
         others = self._claims_for(k)
         cap = max(0.0, 1.0 - sum(others.values()))
         # stale peers keep (at most) what they last claimed; the fresh ones water-fill
@@ -713,7 +764,6 @@ class RegionalStore(Store):
             new = enforced_share(0.0, old, weight, True)
             shares = dict(last)
             shares[self.region] = computed = new
-            claims = []
         elif len(fresh) < len(self.regions):
             # a peer is stale: nobody can raise (it acknowledges nothing), so keep the
             # share (within the cap) and claim nothing more, which would only squeeze
@@ -722,33 +772,44 @@ class RegionalStore(Store):
                                  self.min_share)
             computed = shares[self.region]
             new = min(old, cap)
-            claims = []
         else:
             shares = plan_shares(self.regions, demand, fresh, last, self.weights,
                                  self.min_share)
             computed = shares[self.region]
             new = min(enforced_share(computed, old, weight, False), cap)  # cuts at once
-            granted = [c for seq, c in claims if seq <= acked]
-            if granted:
-                new = max(new, min(computed, cap, granted[-1]))  # the peers held back
-            claims = [(seq, c) for seq, c in claims if seq > acked]
+            # every peer has read one of the reports from `acked` on, and so holds
+            # itself to the claim it carried: up to the least of those claims is free
+            # (a claim every peer acknowledged, or a share squeezed below a claim that
+            # never dropped: it comes back at once)
+            granted = min(c for _, c in published)
+            new = max(new, min(computed, cap, granted))  # the peers held back
             if computed > new + 1e-12:
-                # claim what is wanted, within what the peers leave free: their claims,
-                # except the growth of the peers ranked after this region (when two
-                # regions grow into the same room at once, the first by name keeps
-                # its claim and the other yields, instead of both blocking)
-                mine = self._rank[self.region]
-                taken = sum(c if self._rank[p] < mine else self._held_of(p, k, c)
-                            for p, c in others.items())
-                want = min(computed, max(new, 1.0 - taken))
-                if want > new + 1e-12:
-                    claims.append((self._seq, want))
+                claim = self._want(k, computed, new, others, shares)
         if entry is None:
             entry = table[k] = _Entry(shares, computed, new, active=active)
         else:
             entry.shares, entry.computed, entry.active = shares, computed, active
-        entry.claims, entry.claim = claims, max([new, *(c for _, c in claims)])
+        entry.claim = new if claim is None else max(new, claim)
+        if published[-1][1] != entry.claim:
+            published.append((self._seq, entry.claim))  # what this sync's report carries
+        entry.published = published
         self._install(k, entry, rule, old, new, wanted, now)
+
+    def _want(self, k: tuple[str, str], computed: float, new: float,
+              others: dict[str, float], shares: dict[str, float]) -> float | None:
+        """The claim of a region that enforces ``new`` and wants ``computed``: what is
+        wanted, within what the peers leave free: their claims, except the growth of the
+        peers ranked after this region (when two regions grow into the same room at
+        once, the first by name keeps its claim and the other yields, instead of both
+        blocking), and the part of their shares they are about to release (what they
+        enforce beyond the share computed here for them: they cut it at the sync that
+        reads the same reports, so the claim and the cut travel together instead of one
+        after the other). None: nothing to claim."""
+        mine = self._rank[self.region]
+        taken = sum(c if self._rank[p] < mine else min(self._held_of(p, k, c), shares[p])
+                    for p, c in others.items())
+        want = min(computed, max(new, 1.0 - taken))
+        return want if want > new + 1e-12 else None
 
     def _install(self, k: tuple[str, str], entry: _Entry, rule: Rule | None, old: float,
                  new: float, wanted: bool, now: float) -> None:
@@ -812,8 +873,8 @@ class RegionalStore(Store):
         return {"region": self.region, "split": self.split, "state": self.state(),
                 **self._counts,
                 "publish_failures": sum(self._publish_failures.values()),
-                "keys": len(self._table), "peers": peers,
-                "last_sync_duration": self._last_duration}
+                "keys": len(self._table), "peers": peers, "pending": self._hurry,
+                "sync_lag": self._lag, "last_sync_duration": self._last_duration}
 
     def __repr__(self) -> str:
         return (f"RegionalStore(region={self.region!r}, regions={list(self.regions)}, "

@@ -19,8 +19,8 @@ class Regions:
                  *, steps: int = 10, interval: float = 1.0, parallel: bool = False,
                  hurry: bool = True, order: tuple[str, ...] | None = None,
                  after_round: Callable[[], None] | None = None) -> None:
-        """``hurry``: a store whose raise is pending (``pending()``) syncs again half-way
-        through the next interval, as the background sync does; ``order``: the order of
+        """``hurry``: every store takes its ``half_sync()`` step half-way through each
+        interval, as the background sync does; ``order``: the order of
         the syncs at the same instant (the stores' order by default); ``after_round``:
         called after each round of syncs (a test's boards deliver the reports then:
         every region syncing at the same instant reads the reports of the round
@@ -47,11 +47,10 @@ class Regions:
     def run_interval(self, offered: dict[str, int]) -> None:
         """Spread ``offered[r]`` checks per region over one interval, then sync."""
         step = self.interval / self.steps
-        hurried = [s for s in self._ordered() if self.hurry and s.pending()]
         for i in range(self.steps):
-            if hurried and i == self.steps // 2:
-                for s in hurried:
-                    s.sync()
+            if self.hurry and i == self.steps // 2:
+                for s in self._ordered():
+                    s.half_sync()
                 if self.after_round is not None:
                     self.after_round()
             self.clock.advance(step)

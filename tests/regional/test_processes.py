@@ -26,12 +26,29 @@ PHASE = 5.0
 
 
 def region_main(region: str, urls: dict[str, str], start: float, out: Any) -> None:
-    """One region's process: wait for ``start``, offer its load, report per window."""
+    """One region's process: wait for ``start``, offer its load, report per window, and
+    the times of its syncs (start, and how late it started: the store's ``sync_lag``)
+    and of its share changes (wall clock)."""
     from stormguard import RegionalStore, Rule
+    from stormguard.observability.events import Event
+    from stormguard.stores.regional import ShareChanged
 
-    store = RegionalStore(region=region, stores=urls, sync_interval=SYNC, lease=2.0,
-                          peer_timeout=1.0,
-                          store_options={"time_source": "client", "timeout": 1.0})
+    syncs: list[tuple[float, float]] = []
+    changes: list[tuple[float, float]] = []
+
+    class Recorded(RegionalStore):
+        def sync(self) -> None:
+            began = time.time()
+            super().sync()
+            syncs.append((began, self.stats()["sync_lag"]))
+
+    def listen(event: Event) -> None:
+        if isinstance(event, ShareChanged):
+            changes.append((time.time(), event.new))
+
+    store = Recorded(region=region, stores=urls, sync_interval=SYNC, lease=2.0,
+                     peer_timeout=1.0, listeners=[listen],
+                     store_options={"time_source": "client", "timeout": 1.0})
     rule = Rule(LIMIT, 1, algorithm="fixed_window")
     admitted: dict[int, int] = defaultdict(int)
     offered: dict[int, int] = defaultdict(int)
@@ -39,7 +56,6 @@ def region_main(region: str, urls: dict[str, str], start: float, out: Any) -> No
     try:
         while time.time() < start:
             time.sleep(0.01)  # real time: the processes start together
-        n = 0
         for phase, part in enumerate(share):
             rate = 2 * LIMIT * part
             begin = start + phase * PHASE
@@ -52,14 +68,50 @@ def region_main(region: str, urls: dict[str, str], start: float, out: Any) -> No
                 offered[w] += 1
                 if store.hit("api_key:acme", rule).allowed:
                     admitted[w] += 1
-                n += 1
-        out.put((region, dict(admitted), dict(offered), store.stats()))
+        out.put((region, dict(admitted), dict(offered), store.stats(), list(syncs),
+                 list(changes)))
     finally:
         store.close()
 
 
+def converged_at(changes: dict[str, list[tuple[float, float]]], after: float,
+                 until: float, demand: dict[str, float]) -> float | None:
+    """The first time after ``after`` from which, until ``until``, the shares in force
+    (from each region's share changes) serve the demand within 5 % of the limit:
+    sum over regions of min(share, demand) >= 0.95 (fractions of the limit)."""
+    def share(r: str, t: float) -> float:
+        s = 1 / 3  # the weight, before any change
+        for at, new in changes[r]:
+            if at > t:
+                break
+            s = new
+        return s
+
+    moments = sorted({after, *(at for r in changes for at, _ in changes[r]
+                               if after < at < until)})
+    good = None
+    for t in moments:
+        if sum(min(share(r, t), demand[r]) for r in changes) >= 0.95 - 1e-9:
+            good = t if good is None else good
+        else:
+            good = None
+    return good
+
+
 @pytest.mark.slow
 def test_three_region_processes_follow_a_shift_within_the_limit() -> None:
+    """The shift converges within three sync intervals of the syncs as they ran.
+
+    The virtual-time model (stormguard.sim.regions, the same store, links of 50-75 ms
+    each way) converges in at most 2.5 intervals in the worst phase alignment. Here the
+    syncs run in background threads of three processes on a shared machine: a sync can
+    start late (a busy CPU), and each late start delays the convergence by as much. So
+    the deadline is three intervals after the shift plus the lateness the stores
+    measured (``stats()["sync_lag"]``) of every sync that started in between, in any
+    region (each may be a step of the claim, acknowledgement, raise chain): no
+    wall-clock allowance. The half interval between 2.5 and 3 covers the time a sync
+    spends on the links and the CPU (its writes take a round trip of 100-150 ms).
+    """
     net = Net()
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
@@ -76,20 +128,36 @@ def test_three_region_processes_follow_a_shift_within_the_limit() -> None:
     finally:
         net.close()
     admitted: dict[int, int] = defaultdict(int)
-    per = {r: {w - int(start): n for w, n in adm.items()} for r, adm, _, _ in results}
-    for _, adm, _, stats in results:
+    per = {r: {w - int(start): n for w, n in adm.items()} for r, adm, *_ in results}
+    for _, adm, _, stats, _, _ in results:
         assert stats["state"] == "connected"
         assert stats["sync_failures"] == 0
         for w, n in adm.items():
             admitted[w] += n
+    syncs = {r: s for r, _, _, _, s, _ in results}
+    changes = {r: c for r, _, _, _, _, c in results}
     first = int(start)
     shift = first + int(PHASE)
     windows = range(first, first + 2 * int(PHASE))
     totals = {w: admitted.get(w, 0) for w in windows}
     # never above the limit by more than what a moving share can carry (5 %)
     assert all(t <= LIMIT * 1.05 for t in totals.values()), totals
-    # before the shift (after 3 s to start and meet) and from 2.5 s after it: within 5 % of the
-    # limit. (Three sync intervals, 1.5 s, is what the virtual-time tests hold to; here
-    # the syncs run on a shared, loaded machine and may come late: two intervals slack.)
-    settled = [w for w in windows if first + 3 <= w < shift or w >= shift + 3]
+    # the shares serve the new demand within 5 % by the deadline (see the docstring)
+    after = {"us": 0.2, "eu": 0.2, "ap": 1.6}
+    done = converged_at(changes, shift, shift + PHASE - SYNC, after)
+    assert done is not None, (changes, per)
+    lag = 0.0
+    for r in REGIONS:
+        prev = 0.0  # the store's total lag after the sync before
+        for began, total in syncs[r]:
+            if shift < began <= done:
+                lag += total - prev  # how late this sync started
+            prev = total
+    intervals = (done - shift) / SYNC
+    assert done - shift <= 3 * SYNC + lag, (intervals, lag, changes, per)
+    # and the windows: before the shift (after 3 s to start and meet) and every window
+    # that starts once the shares have converged, within 5 % of the limit
+    settled = [w for w in windows if first + 3 <= w < shift or w >= done]
     assert all(abs(totals[w] - LIMIT) <= LIMIT * 0.05 for w in settled), (totals, per)
+    print(f"converged {intervals:.2f} intervals after the shift (lateness of the syncs in "
+          f"between: {lag:.3f} s)")

@@ -25,7 +25,7 @@ SYNC = 0.5
 PHASE = 5.0
 
 
-def region_main(region: str, urls: dict[str, str], start: float, out: Any) -> None:
+def region_main(region: str, urls: dict[str, str], begin_at: Any, out: Any) -> None:
     """One region's process: wait for ``start``, offer its load, report per window, and
     the times of its syncs (start, and how late it started: the store's ``sync_lag``)
     and of its share changes (wall clock)."""
@@ -53,7 +53,11 @@ def region_main(region: str, urls: dict[str, str], start: float, out: Any) -> No
     admitted: dict[int, int] = defaultdict(int)
     offered: dict[int, int] = defaultdict(int)
     share = {"us": (0.8, 0.1), "eu": (0.1, 0.1), "ap": (0.1, 0.8)}[region]
+    out.put(("ready", region))
     try:
+        while begin_at.value == 0.0:
+            time.sleep(0.01)  # real time: waiting for the other processes to be ready
+        start = begin_at.value
         while time.time() < start:
             time.sleep(0.01)  # real time: the processes start together
         for phase, part in enumerate(share):
@@ -115,12 +119,17 @@ def test_three_region_processes_follow_a_shift_within_the_limit() -> None:
     net = Net()
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
+    begin_at = ctx.Value("d", 0.0)
     try:
-        start = math.ceil(time.time()) + 3.0  # a window boundary, after the spawns
-        procs = [ctx.Process(target=region_main, args=(r, net.view(r), start, out))
+        procs = [ctx.Process(target=region_main, args=(r, net.view(r), begin_at, out))
                  for r in REGIONS]
         for p in procs:
             p.start()
+        assert sorted(out.get(timeout=60) for _ in REGIONS) == sorted(
+            ("ready", r) for r in REGIONS)
+        # every store built and syncing: start together at the next window boundary
+        start = math.ceil(time.time()) + 1.0
+        begin_at.value = start
         results = [out.get(timeout=60) for _ in REGIONS]
         for p in procs:
             p.join(timeout=30)
@@ -155,9 +164,23 @@ def test_three_region_processes_follow_a_shift_within_the_limit() -> None:
             prev = total
     intervals = (done - shift) / SYNC
     assert done - shift <= 3 * SYNC + lag, (intervals, lag, changes, per)
-    # and the windows: before the shift (after 3 s to start and meet) and every window
-    # that starts once the shares have converged, within 5 % of the limit
-    settled = [w for w in windows if first + 3 <= w < shift or w >= done]
-    assert all(abs(totals[w] - LIMIT) <= LIMIT * 0.05 for w in settled), (totals, per)
+    # and the windows: before the shift (after 2 s to meet) and every window that starts
+    # once the shares have converged, within 5 % of the limit: each window in which
+    # every process offered its load (within 5 % of it: a process the machine starved
+    # for part of a window offered less, and what it did not offer says nothing of the
+    # limiter), and at least half of those windows
+    offered = {r: o for r, _, o, *_ in results}
+    plan = {"us": (160, 20), "eu": (20, 20), "ap": (20, 160)}
+
+    def paced(w: int) -> bool:
+        part = 0 if w < shift else 1
+        return all(abs(offered[r].get(w, 0) - plan[r][part]) <= 0.05 * plan[r][part]
+                   for r in REGIONS)
+
+    settled = [w for w in windows if first + 2 <= w < shift or w >= done]
+    measured = [w for w in settled if paced(w)]
+    assert len(measured) >= len(settled) / 2, (settled, offered)
+    assert all(abs(totals[w] - LIMIT) <= LIMIT * 0.05 for w in measured), (
+        totals, per, offered)
     print(f"converged {intervals:.2f} intervals after the shift (lateness of the syncs in "
-          f"between: {lag:.3f} s)")
+          f"between: {lag:.3f} s); {len(measured)} of {len(settled)} settled windows paced")

@@ -208,6 +208,36 @@ def test_demand_shift_back_within_five_percent_in_three_intervals(
         assert regions.admitted[last][r] >= 0.95 * fair[r] * 1000, (r, regions.admitted[last])
 
 
+@pytest.mark.parametrize("alignment", ALIGNMENTS)
+def test_a_key_new_everywhere_squeezes_nobody(clock: FakeClock, alignment: str) -> None:
+    """A key whose traffic starts in every region at once: each region's first reports
+    carry only its own demand, so a claim into the room a peer "will release" would be
+    a guess (every region would claim nearly all of it, and each hold the others to
+    nothing). A region claims beyond a peer's share only once that peer reported its
+    demand: no region goes below the smaller of its weight and its water-filled share
+    at any sync."""
+    order, simultaneous = ALIGNMENTS[alignment]
+    world = World(clock)
+    world.simultaneous(simultaneous)
+    fair = dict(zip(REGIONS, waterfill([1.6, 0.2, 0.2], 1.0, 0.05), strict=True))
+    lowest = dict.fromkeys(REGIONS, 1.0)
+
+    def after_round() -> None:
+        world.deliver()
+        for r, s in world.stores.items():
+            lowest[r] = min(lowest[r], s.shares("api_key:acme", RULE)[r])
+
+    regions = Regions(world.stores, clock, RULE, order=order, after_round=after_round)
+    for _ in range(2):
+        regions.run_interval({})  # connected (heartbeats), nobody has the key yet
+    assert all(s.state() == "connected" for s in world.stores.values())
+    for _ in range(6):
+        regions.run_interval({"us": 1600, "eu": 200, "ap": 200})
+    for r in REGIONS:
+        assert lowest[r] >= min(1 / 3, fair[r]) - 1e-9, lowest
+    assert regions.total(regions.windows()[-1]) == 1000
+
+
 def test_a_share_change_carries_the_count_for_every_algorithm(clock: FakeClock) -> None:
     """A region that admitted `a` under a larger share admits at most `new limit - a`
     after the share shrinks in the same window: the scaled rule keeps the counters."""

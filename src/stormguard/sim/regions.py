@@ -38,6 +38,7 @@ intervals.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections import defaultdict
 from collections.abc import Callable
@@ -51,10 +52,10 @@ from stormguard.stores.memory import MemoryStore
 from stormguard.stores.regional import Board, MemoryBoard, RegionalStore
 
 if TYPE_CHECKING:
-    from stormguard.sim.report import Panel
+    from stormguard.sim.report import Panel, Report
 
-__all__ = ["ALIGNMENTS", "ONE_WAY", "REGIONS", "STRATEGIES", "Convergence", "Regions",
-           "Scenario", "convergence", "simulate"]
+__all__ = ["ALIGNMENTS", "FLEET_REGIONS", "ONE_WAY", "REGIONS", "STRATEGIES", "Convergence",
+           "Regions", "Scenario", "convergence", "fleet_report", "simulate"]
 
 REGIONS = ("us", "eu", "ap")
 ONE_WAY = {frozenset(("us", "eu")): 0.050, frozenset(("us", "ap")): 0.075,
@@ -463,3 +464,46 @@ def simulate(*, duration: float = 60.0, limit: int = 1000, measure_convergence: 
     outcomes = {s: run(s, sc) for s in STRATEGIES}
     conv = convergence(offsets) if measure_convergence else None
     return Regions(sc, outcomes, conv)
+
+
+#: The regions part of ``stormguard simulate fleet``: a short run (a few seconds of real
+#: time); bench/regions.py and bench/fleet.py run the full one (60 s, limit 1000).
+FLEET_REGIONS: dict[str, Any] = {"duration": 30.0, "limit": 300,
+                                 "measure_convergence": True, "offsets": 4}
+
+
+def fleet_report(*, regions: bool = True, **options: Any) -> Report:
+    """``stormguard simulate fleet``: the fleet (:func:`stormguard.sim.fleet.report`, with
+    ``options``), then, unless ``regions=False``, its three regions under one global
+    limit (:func:`simulate` with :data:`FLEET_REGIONS`): the regions table after the
+    fleet's tables, its figures under ``"regional"``, its panels after the fleet's."""
+    from stormguard.sim import fleet
+
+    base = fleet.report(**options)
+    if not regions:
+        return base
+    reg = simulate(**FLEET_REGIONS)
+    base.text = base.text + "\n\n" + reg.text()
+    base.figures = {**base.figures, "regional": reg.figures}
+    base.panels = [*base.panels, *reg.panels()]
+    base.scenarios = {**base.scenarios, "regions": (
+        "3 regions (one-way delays 50/75/60 ms), one key under one global limit: a "
+        "central counter, a copy per region, the real RegionalStore split statically "
+        "and by demand, through a demand shift and a partition")}
+    return base
+
+
+def _fleet_signature() -> inspect.Signature:
+    """The fleet report's keyword arguments and ``regions``: the command line refuses an
+    option a simulation does not take by its signature, and the fleet's options are
+    its own (another module's)."""
+    from stormguard.sim import fleet
+
+    params = [p for p in inspect.signature(fleet.report).parameters.values()
+              if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    regions = inspect.Parameter("regions", inspect.Parameter.KEYWORD_ONLY, default=True,
+                                annotation="bool")
+    return inspect.Signature([*params, regions])
+
+
+fleet_report.__signature__ = _fleet_signature()  # type: ignore[attr-defined]

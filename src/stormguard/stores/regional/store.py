@@ -839,11 +839,16 @@ class RegionalStore(Store):
         mine = self._rank[self.region]
         taken = 0.0
         for p, c in others.items():
+            held = self._held_of(p, k, c)
             if self._rank[p] < mine:
                 taken += c
+            elif k not in self._peer_demand.get(p, {}) or held - shares[p] <= HOLD:
+                # a peer that reported no demand for the key yet (its share here is a
+                # guess: a key new everywhere would have every region claim nearly all
+                # of it), or one that keeps a share within HOLD of its own: what it holds
+                taken += held
             else:
-                held = self._held_of(p, k, c)
-                taken += shares[p] if held - shares[p] > HOLD else held  # HOLD: it keeps it
+                taken += shares[p]  # it releases the rest at its next sync
 
         want = min(computed, max(new, 1.0 - taken))
         return want if want > new + 1e-12 else None

@@ -10,8 +10,11 @@ in the middle of a window carries what the region already admitted.
 
 Every report also carries the sender's *claims* (the most it may enforce per key) and
 acknowledges the peers' reports it read. A region holds itself to ``1 - its peers'
-claims`` and raises only to a claim every peer has acknowledged, so the shares in force
-never sum to more than 1.
+claims`` and raises only up to the least claim its reports carried since the newest one
+every peer has acknowledged, so the shares in force never sum to more than 1. While a
+raise is pending, every region takes a half step between its regular syncs
+(:meth:`RegionalStore.half_sync`), so a raise lands within three sync intervals of a
+demand shift in any alignment of the syncs.
 
 Failure behaviour: a check never waits on a peer; ``sync()`` never raises (failures are
 counted in :meth:`RegionalStore.stats` and reported as :class:`.SyncFailed` events);

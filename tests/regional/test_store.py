@@ -313,6 +313,69 @@ def test_release_before_take(clock: FakeClock) -> None:
     assert reached == {False: 4, True: 3}
 
 
+def test_the_half_step_syncs_only_while_a_raise_is_pending(clock: FakeClock) -> None:
+    """In steady state the half step reads this region's board and does nothing; after a
+    shift every region syncs once more per interval until the raise has landed, then
+    stops again: at most two syncs per interval, the second only while shares move."""
+    world = World(clock)
+    regions = Regions(world.stores, clock, RULE, hurry=False)
+    steady = {"us": 1600, "eu": 200, "ap": 200}
+    for _ in range(5):
+        regions.run_interval(steady)
+    assert not any(s.pending() for s in world.stores.values())
+
+    def interval(offered: dict[str, int]) -> list[bool]:
+        before = [s.stats()["syncs"] for s in world.stores.values()]
+        for r, n in offered.items():
+            for _ in range(n // 2):
+                world.stores[r].hit(regions.key, RULE)
+        clock.advance(0.5)
+        hurried = [s.half_sync() for s in world.stores.values()]
+        for r, n in offered.items():
+            for _ in range(n // 2):
+                world.stores[r].hit(regions.key, RULE)
+        clock.advance(0.5)
+        for s in world.stores.values():
+            s.sync()
+        after = [s.stats()["syncs"] for s in world.stores.values()]
+        assert [a - b for a, b in zip(after, before, strict=True)] == [
+            2 if h else 1 for h in hurried]
+        return hurried
+
+    world.calls.clear()
+    assert interval(steady) == [False, False, False]
+    assert world.calls.count("write") == 9  # the regular syncs' reports, no more
+    shifted = {"us": 200, "eu": 200, "ap": 1600}
+    steps = [interval(shifted) for _ in range(5)]
+    assert any(any(h) for h in steps)  # the shift hurried them
+    assert steps[-1] == [False, False, False]  # and they calmed down
+    assert world.stores["ap"].shares(regions.key, RULE)["ap"] == pytest.approx(0.6)
+
+
+def test_a_small_dip_of_demand_keeps_the_share(clock: FakeClock) -> None:
+    """eu's demand measured 200, 180, 200, 180 per interval (a request or two of noise at
+    a low rate): it keeps its 0.2 (a cut below 3 % of the limit waits), so its users are
+    never denied; a real fall (to 100) is cut at once, and us takes the room."""
+    world = World(clock)
+    regions = Regions(world.stores, clock, RULE)
+    for _ in range(5):
+        regions.run_interval({"us": 1600, "eu": 200, "ap": 200})
+    eu = world.stores["eu"]
+    assert eu.local_rule(regions.key, RULE).limit == 200
+    start = regions.window() + 1
+    for n in (180, 200, 180, 200, 180, 200):
+        regions.run_interval({"us": 1600, "eu": n, "ap": 200})
+        assert eu.local_rule(regions.key, RULE).limit == 200
+    for w in regions.windows():
+        if w >= start:
+            assert regions.admitted[w]["eu"] == regions.offered[w]["eu"], w
+            assert regions.total(w) >= 0.97 * 1000, w
+    for _ in range(4):
+        regions.run_interval({"us": 1600, "eu": 100, "ap": 200})
+    assert eu.local_rule(regions.key, RULE).limit == 100
+    assert world.stores["us"].local_rule(regions.key, RULE).limit == 700
+
+
 # -- partitions -----------------------------------------------------------------------
 def test_partition_keeps_the_global_total_within_the_limit_then_heals(
         clock: FakeClock) -> None:

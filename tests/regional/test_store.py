@@ -376,6 +376,26 @@ def test_a_small_dip_of_demand_keeps_the_share(clock: FakeClock) -> None:
     assert world.stores["us"].local_rule(regions.key, RULE).limit == 700
 
 
+def test_a_link_down_one_way_keeps_the_claims_bounded(clock: FakeClock) -> None:
+    """us cannot write to eu while eu's reports still reach us: eu is fresh for us but
+    acknowledges none of us's reports, so us may raise nothing, however its demand
+    moves; the claims it remembers for the grant rule stay bounded."""
+    world = World(clock)
+    regions = Regions(world.stores, clock, RULE)
+    for _ in range(4):
+        regions.run_interval({"us": 200, "eu": 200, "ap": 1600})
+    us = world.stores["us"]
+    held = us.shares(regions.key, RULE)["us"]
+    world.links[("us", "eu")].cut = True
+    for i in range(60):
+        regions.run_interval({"us": 1600 if i % 2 else 400 + 10 * i, "eu": 200, "ap": 200})
+        assert us.state() == "connected"
+        assert us.shares(regions.key, RULE)["us"] <= held + 1e-9
+        total = sum(world.stores[r].shares(regions.key, RULE)[r] for r in REGIONS)
+        assert total <= 1 + 1e-9
+    assert len(us._table[(RULE.id, regions.key)].published) <= 17
+
+
 # -- partitions -----------------------------------------------------------------------
 def test_partition_keeps_the_global_total_within_the_limit_then_heals(
         clock: FakeClock) -> None:

@@ -52,6 +52,8 @@ __all__ = ["RegionalStore"]
 
 _log = logging.getLogger("stormguard")
 
+_PUBLISHED = 16  # the claims kept per key for the grant rule (see _plan_key)
+
 # the token bucket keeps what is *left* and GCRA a time scaled by the limit: neither
 # carries what was admitted across a change of the limit. The leaky bucket (as a meter)
 # admits exactly the same requests and keeps what was *spent*: under demand shares the
@@ -824,10 +826,21 @@ class RegionalStore(Store):
         else:
             entry.shares, entry.computed, entry.active = shares, computed, active
         entry.claim = new if claim is None else max(new, claim)
-        if published[-1][1] != entry.claim:
-            published.append((self._seq, entry.claim))  # what this sync's report carries
-        entry.published = published
+        entry.published = self._published(published, entry.claim)
         self._install(k, entry, rule, old, new, wanted, now)
+
+    def _published(self, published: list[tuple[int, float]],
+                   claim: float) -> list[tuple[int, float]]:
+        """``published`` with the claim this sync's report carries."""
+        if published[-1][1] != claim:
+            published.append((self._seq, claim))
+            if len(published) > _PUBLISHED:
+                # a peer that reads none of our reports (a link down one way only) holds
+                # the acknowledgements back: merge the two oldest into one at the lower
+                # claim (what is free can only shrink), so the list stays bounded
+                (seq, a), (_, b) = published[0], published[1]
+                published[:2] = [(seq, min(a, b))]
+        return published
 
     def _want(self, k: tuple[str, str], computed: float, new: float,
               others: dict[str, float], shares: dict[str, float]) -> float | None:

@@ -20,7 +20,8 @@ class Regions:
                  hurry: bool = True, order: tuple[str, ...] | None = None,
                  after_round: Callable[[], None] | None = None) -> None:
         """``hurry``: every store takes its ``half_sync()`` step half-way through each
-        interval, as the background sync does; ``order``: the order of
+        interval and polls (``poll()``) about a quarter before and after it, as the
+        background sync does; ``order``: the order of
         the syncs at the same instant (the stores' order by default); ``after_round``:
         called after each round of syncs (a test's boards deliver the reports then:
         every region syncing at the same instant reads the reports of the round
@@ -48,9 +49,12 @@ class Regions:
         """Spread ``offered[r]`` checks per region over one interval, then sync."""
         step = self.interval / self.steps
         for i in range(self.steps):
-            if self.hurry and i == self.steps // 2:
+            if self.hurry and i in (self.steps // 4, self.steps // 2, 3 * self.steps // 4):
                 for s in self._ordered():
-                    s.half_sync()
+                    if i == self.steps // 2:
+                        s.half_sync()
+                    else:
+                        s.poll()
                 if self.after_round is not None:
                     self.after_round()
             self.clock.advance(step)

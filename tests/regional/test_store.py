@@ -352,6 +352,38 @@ def test_the_half_step_syncs_only_while_a_raise_is_pending(clock: FakeClock) -> 
     assert world.stores["ap"].shares(regions.key, RULE)["ap"] == pytest.approx(0.6)
 
 
+def test_a_poll_raises_only_to_what_every_peer_acknowledged(clock: FakeClock) -> None:
+    """ap claims 0.4 at its sync after the shift; a poll (its board read, no write)
+    raises nothing while a peer has not read the claim (us cut already, so there is
+    room: only eu's acknowledgement is missing), and raises once both have."""
+    world = World(clock)
+    regions = Regions(world.stores, clock, RULE, hurry=False)
+    for _ in range(5):
+        regions.run_interval({"us": 1600, "eu": 200, "ap": 200})
+    us, eu, ap = (world.stores[r] for r in REGIONS)
+    assert not ap.poll()  # nothing pending: not even a read
+    for r, n in {"us": 200, "eu": 200, "ap": 1600}.items():
+        for _ in range(n):
+            world.stores[r].hit(regions.key, RULE)
+    clock.advance(1.0)
+    world.calls.clear()
+    ap.sync()
+    entry = ap._table[(RULE.id, regions.key)]
+    assert (entry.enforced, entry.claim) == (pytest.approx(0.2), pytest.approx(0.4))
+    assert not ap.poll()
+    us.sync()
+    assert us.shares(regions.key, RULE)["us"] == pytest.approx(0.2)  # room for ap
+    assert not ap.poll()  # eu has not read the claim
+    assert ap.shares(regions.key, RULE)["ap"] == pytest.approx(0.2)
+    eu.sync()
+    writes = world.calls.count("write")
+    assert ap.poll()
+    assert ap.shares(regions.key, RULE)["ap"] == pytest.approx(0.4)
+    assert world.calls.count("write") == writes  # a poll writes nothing
+    total = sum(world.stores[r].shares(regions.key, RULE)[r] for r in REGIONS)
+    assert total <= 1 + 1e-9
+
+
 def test_a_small_dip_of_demand_keeps_the_share(clock: FakeClock) -> None:
     """eu's demand measured 200, 180, 200, 180 per interval (a request or two of noise at
     a low rate): it keeps its 0.2 (a cut below 3 % of the limit waits), so its users are
@@ -592,10 +624,10 @@ def test_background_sync_runs_and_stops() -> None:
 @settings(max_examples=150, deadline=None)
 def test_the_shares_in_force_never_sum_to_more_than_one(data: st.DataObject) -> None:
     """Random demand per interval, random sync order, links cut and healed at random
-    (each direction on its own, a region's own board included), hurried syncs half-way
-    through an interval by any subset of the regions (whether pending or not), and
-    rounds whose reports all land only after every region synced (the same instant):
-    after every sync the shares the three regions enforce sum to at most 1."""
+    (each direction on its own, a region's own board included), extra syncs, half steps
+    and polls at the quarters of an interval by any of the regions (whether pending or
+    not), and rounds whose reports all land only after every region synced (the same
+    instant): after every step the shares the three regions enforce sum to at most 1."""
     clock = FakeClock()
     clock.advance(0.5)
     world = World(clock, lease=2.5)
@@ -603,28 +635,30 @@ def test_the_shares_in_force_never_sum_to_more_than_one(data: st.DataObject) -> 
     rule = Rule(100, 1, algorithm="fixed_window")
     levels = st.sampled_from([0, 2, 10, 20, 40, 80, 160])
 
-    def round_of(regions: Sequence[str]) -> None:
-        for r in regions:
-            stores[r].sync()
+    def round_of(steps: Sequence[tuple[str, str]]) -> None:
+        for r, step in steps:
+            getattr(stores[r], step)()
             total = sum(stores[x].shares("k", rule)[x] for x in REGIONS)
             assert total <= 1 + 1e-9, {x: stores[x].shares("k", rule)[x] for x in REGIONS}
         world.deliver()
 
+    extra = st.lists(st.tuples(st.sampled_from(REGIONS),
+                               st.sampled_from(["sync", "half_sync", "poll"])), max_size=4)
     for _ in range(data.draw(st.integers(4, 14))):
         offered = {r: data.draw(levels) for r in REGIONS}
         for link in world.links.values():
             if data.draw(st.booleans()) and data.draw(st.booleans()):
                 link.cut = not link.cut
         world.simultaneous(data.draw(st.booleans()))
-        for half in range(2):
+        for quarter in range(4):
             for r, n in offered.items():
-                for _ in range(n // 2):
+                for _ in range(n // 4):
                     stores[r].hit("k", rule)
-            clock.advance(0.5)
-            if half == 0:  # the hurried syncs
-                round_of(data.draw(st.lists(st.sampled_from(REGIONS), unique=True)))
+            clock.advance(0.25)
+            if quarter < 3:  # half steps, polls, syncs at any time by any of them
+                round_of(data.draw(extra))
             else:
-                round_of(data.draw(st.permutations(REGIONS)))
+                round_of([(r, "sync") for r in data.draw(st.permutations(REGIONS))])
 
 
 def test_a_restarted_region_enforces_the_claims_it_had_published(clock: FakeClock) -> None:

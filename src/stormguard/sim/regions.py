@@ -130,11 +130,16 @@ def demand_regions(eng: Engine, split: str, phases: dict[str, float], *,
         if store.half_sync() and on_sync is not None:
             on_sync()
 
+    def poll(store: RegionalStore) -> None:
+        if store.poll() and on_sync is not None:
+            on_sync()
+
     for r, s in stores.items():
         first = eng.now + 0.5 + phases[r] * SYNC
         eng.every(SYNC, regular, s, start=first)
         if hurry:
             eng.every(SYNC, half, s, start=first + SYNC / 2)
+            eng.every(SYNC / 2, poll, s, start=first + SYNC / 4)
     return stores
 
 

@@ -500,10 +500,19 @@ class RegionalStore(Store):
             self.sync()
             due = max(due + interval, time.monotonic())
             half = due - interval / 2
+            self._quarter(half - interval / 4)
             self._stop.wait(max(0.0, half - time.monotonic()))  # real time: half the period
             if not self._stop.is_set() and self.half_sync():
                 self._lag += max(0.0, time.monotonic() - half)
+            self._quarter(due - interval / 4)
             self._stop.wait(max(0.0, due - time.monotonic()))  # real time: the period
+
+    def _quarter(self, at: float) -> None:
+        """Poll at ``at`` while a raise of this region is pending."""
+        if self._raising():
+            self._stop.wait(max(0.0, at - time.monotonic()))  # real time: a quarter period
+            if not self._stop.is_set():
+                self.poll()
 
     def half_sync(self) -> bool:
         """The step half-way between two regular syncs: a sync if a raise is pending,
@@ -525,6 +534,35 @@ class RegionalStore(Store):
                 return False
         self._sync_now(hurried=True)
         return True
+
+    def poll(self) -> bool:
+        """While this region's own raise is pending: read its board (in region, no write)
+        and raise where every peer has acknowledged the claim since the last sync, as
+        the next sync would. Returns whether a share rose. The background sync polls a
+        quarter of an interval after each sync while a raise is pending (an
+        acknowledgement written at a peer's half step is then taken a quarter of an
+        interval later, not half)."""
+        if self.split != "demand" or not self._raising():
+            return False
+        with self._sync_lock:
+            now = self.clock.monotonic()
+            self._receive(now)  # counts its own failures, never raises
+            if len(self._fresh(now)) < len(self.regions):
+                return False  # nobody raises while a peer is stale
+            acked = min((self._acks.get(p, 0) for p in self.peers), default=self._seq)
+            raised = False
+            for k, entry in self._table.items():
+                if entry.claim - entry.enforced <= 1e-12:
+                    continue
+                published = entry.published
+                while len(published) > 1 and published[1][0] <= acked:
+                    published.pop(0)
+                cap = max(0.0, 1.0 - sum(self._claims_for(k).values()))
+                new = min(entry.computed, cap, *(c for _, c in published))
+                if new > entry.enforced + 1e-12:
+                    self._install(k, entry, None, entry.enforced, new, True, now)
+                    raised = True
+            return raised
 
     def pending(self) -> bool:
         """Whether a raise is pending: this region, or a fresh peer whose last report it

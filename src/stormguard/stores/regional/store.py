@@ -738,8 +738,7 @@ class RegionalStore(Store):
         # read, compute, then publish: the report carries the demand the new shares were
         # computed from, the claims, and the acknowledgements of the peers' reports. A
         # hurried sync measures the demand since the sync before, like any (reporting
-        # the last regular sync's instead was measured slower: 3.45 intervals at worst
-        # instead of 2.95, docs/regions.md)
+        # the last regular sync's instead was measured slower, docs/regions.md)
         counts, own, rules, interval = self._collect(now)
         self._seq += 1
         self._receive(now)

@@ -858,6 +858,13 @@ class RegionalStore(Store):
             new = max(new, min(computed, cap, granted))  # the peers held back
             if computed > new + 1e-12:
                 claim = self._want(k, computed, new, others, shares)
+                # a share squeezed below a claim of its own (by a peer's claim ahead
+                # that a third region's cut has not caught up with yet) keeps that
+                # claim, up to what it wants: it grows into nothing, and with its claim
+                # unchanged it comes back at the first poll whose cap allows it
+                kept = min(computed, entry.claim if entry is not None else weight)
+                if kept > new + 1e-12 and (claim is None or kept > claim):
+                    claim = kept
         if entry is None:
             entry = table[k] = _Entry(shares, computed, new, active=active)
         else:

@@ -40,6 +40,8 @@ OPTIONS: dict[str, tuple[type, str]] = {
     "users": (int, "distinct users (fleet: 10000000)"),
     "zipf": (float, "the exponent of the users' Zipf popularity (fleet: 1.0)"),
     "hot_rate": (float, "HybridStore's hot_rate (fleet: 0)"),
+    "cold_allowance": (int, "HybridStore's cold_allowance (fleet: 0, every unit leased "
+                       "first; 1: one unit per key, server and window admitted first)"),
     "node_ops": (float, "script runs per second one Redis node sustains (fleet: 117000)"),
     "seed": (int, "the seed of the random draws (fleet: 7)"),
     "regions": (bool, "fleet: also run its 3 regions under one global limit (centralised, "

@@ -8,11 +8,25 @@ checks of a key share one counter; every lease of a batch on one server is in on
 ``EVALSHA``, and a Redis Cluster gets one pipeline per master (one round trip each).
 Over any other store (the memory store in tests, a service store) a lease is a ``hit`` of
 ``want`` and, if denied with fewer free, a second ``hit`` of what is free.
+
+A request with ``min = -1`` is a *forced add*: ``want`` units the process admitted already
+(its cold allowance) are added to the counter whatever it holds (on Redis, past the limit
+if need be; over another store, as much as the counter can take). A sync round also reads
+the *board*: the keys whose counter a lease or a forced add exhausted, appended on the
+backend, each process reading the entries added since its last round in the same round
+trip (on one Redis server, or a :class:`~stormguard.MemoryStore` shared in one process;
+not on a cluster, nor over other stores).
+
+Each adapter also counts what its operations cost Redis, by kind (``scripts`` run,
+``lease_keys``, ``owe_keys``, ``board_reads``, ``posts``, ``direct`` checks), as Redis
+would run them, whatever the backend really is: the fleet simulation prices them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import weakref
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,14 +35,43 @@ from stormguard._core.errors import StorageError
 from stormguard.ratelimit.rule import Rule
 from stormguard.stores.base import Store
 
-__all__ = ["Backend", "Grant", "LeaseRequest", "backend_for"]
+__all__ = ["Backend", "BoardRead", "Grant", "LeaseRequest", "backend_for"]
 
 #: (backend key, rule, want, min)
 LeaseRequest = tuple[str, Rule, int, int]
 #: (granted, remaining after, reset_us, retry_us, backend now_us)
 Grant = tuple[int, int, int, int, int]
 
+#: (sequence number, [(until_us, board id)]) or None when the backend has no board
+BoardRead = tuple[int, list[tuple[int, str]]] | None
+
 _BATCH = 256  # leases per EVALSHA: a script runs alone on its server, keep each short
+FORCED = -1  # the `min` of a forced add
+
+
+class _Board:
+    """The board of a backend shared in one process (a MemoryStore): the same contract
+    as the Redis one in lua/lease.lua (capped, numbered entries)."""
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.entries: deque[tuple[int, str]] = deque(maxlen=1 << 16)
+
+    def post(self, until: int, bid: str) -> None:
+        self.entries.append((until, bid))
+        self.seq += 1
+
+    def since(self, last: int, cap: int) -> tuple[int, list[tuple[int, str]]]:
+        k = self.seq - last
+        if last < 0 or k < 0:
+            k = self.seq
+        k = min(k, cap, len(self.entries))
+        if k <= 0:
+            return self.seq, []
+        return self.seq, list(self.entries)[-k:]
+
+
+_BOARDS: weakref.WeakKeyDictionary[Store, _Board] = weakref.WeakKeyDictionary()
 
 
 class Backend:
@@ -40,6 +83,34 @@ class Backend:
         self.ops = 0
         """Counter operations on the backend: a lease or a direct check is one (a script
         run on Redis), however they travel."""
+        # what Redis would run: script runs, keys of lease scripts by kind, checks
+        self.scripts = self.lease_keys = self.owe_keys = self.board_reads = 0
+        self.posts = self.direct = 0
+        board = None
+        from stormguard.stores.memory import MemoryStore
+
+        if isinstance(store, MemoryStore):
+            board = _BOARDS.get(store)
+            if board is None:
+                board = _BOARDS[store] = _Board()
+        self._board = board
+        self.posting = False  # post exhausted keys (the hybrid store's cold allowance)
+
+    @property
+    def has_board(self) -> bool:
+        """True when sync rounds read a board of exhausted keys."""
+        return self._board is not None
+
+    def board_id(self, key: str, rule: Rule) -> str:
+        """The name of ``key`` under ``rule`` on the board."""
+        return f"{rule._id}\x00{key}"
+
+    def _count(self, requests: Sequence[LeaseRequest], batched: bool) -> None:
+        n = len(requests)
+        self.scripts += -(-n // _BATCH) if batched else n
+        owe = sum(1 for r in requests if r[3] < 0)
+        self.owe_keys += owe
+        self.lease_keys += n - owe
 
     @property
     def round_trips(self) -> int:
@@ -49,6 +120,15 @@ class Backend:
     def nodes(self, requests: Sequence[LeaseRequest]) -> int:
         """How many round trips a batch of ``requests`` costs."""
         return 1 if requests else 0
+
+    def _exhausted(self, key: str, rule: Rule, now: int) -> int:
+        """After a grant left fewer than one unit: post the key; the wait for one unit."""
+        d = self.store.peek(key, rule, 1)
+        retry = round(d[4] * 1e6)
+        if not d[0] and self._board is not None and self.posting:
+            self._board.post(now + retry, self.board_id(key, rule))
+            self.posts += 1
+        return retry if not d[0] else 0
 
     def _one(self, key: str, rule: Rule, want: int, least: int) -> Grant:
         store = self.store
@@ -60,14 +140,23 @@ class Backend:
             return (0, d[2], round(d[3] * 1e6), 0, now)
         d = store.hit(key, rule, want)
         if d[0]:
-            return (want, d[2], round(d[3] * 1e6), 0, now)
+            if d[2] >= 1 or (least >= 0 and not self.posting):
+                return (want, d[2], round(d[3] * 1e6), 0, now)
+            retry = self._exhausted(key, rule, now)
+            return (want, d[2], round(d[3] * 1e6), retry if least < 0 else 0, now)
         free = min(d[2], want)
-        if free > 0 and free >= least:
+        if free > 0 and (free >= least or least < 0):
             self._trips += 1
             d2 = store.hit(key, rule, free)
             if d2[0]:
+                if least < 0:  # forced: as much as the counter could take
+                    return (want, 0, round(d2[3] * 1e6), self._exhausted(key, rule, now), now)
+                if d2[2] < 1 and self.posting:
+                    self._exhausted(key, rule, now)
                 return (free, d2[2], round(d2[3] * 1e6), 0, now)
             d = d2
+        if least < 0:  # forced, and the counter was full already: nothing to post
+            return (want, 0, round(d[3] * 1e6), round(d[4] * 1e6), now)
         if least > 0 and least != want:
             self._trips += 1
             d = store.peek(key, rule, least)
@@ -75,10 +164,19 @@ class Backend:
 
     def lease(self, key: str, rule: Rule, want: int, least: int) -> Grant:
         """One lease, one round trip (raises :class:`StorageError`)."""
+        self._count(((key, rule, want, least),), False)
         return self._one(key, rule, want, least)
 
     def lease_many(self, requests: Sequence[LeaseRequest]) -> list[Grant | StorageError]:
         """Every lease of a sync round; a failed one has its error in its place."""
+        return self.sync_many(requests, None, 0)[0]
+
+    def sync_many(self, requests: Sequence[LeaseRequest], since: int | None, cap: int
+                  ) -> tuple[list[Grant | StorageError], BoardRead]:
+        """A sync round: every lease and forced add, and (``since`` not None, the last
+        sequence number read, -1 at first) the board's entries added since, at most
+        ``cap``."""
+        self._count(requests, True)
         out: list[Grant | StorageError] = []
         trips = self._trips
         for key, rule, want, least in requests:
@@ -88,9 +186,17 @@ class Backend:
                 out.append(exc)
         # a batch is one round trip per node, whatever the adapter had to do for it
         self._trips = trips + self.nodes(requests)
-        return out
+        board: BoardRead = None
+        if since is not None and self._board is not None:
+            board = self._board.since(since, cap)
+            self.board_reads += len(board[1])
+        return out, board
 
     async def alease(self, key: str, rule: Rule, want: int, least: int) -> Grant:
+        self._count(((key, rule, want, least),), False)
+        return await self._aone(key, rule, want, least)
+
+    async def _aone(self, key: str, rule: Rule, want: int, least: int) -> Grant:
         store = self.store
         now = wall_us(store.clock)
         self._trips += 1
@@ -98,6 +204,8 @@ class Backend:
         if want == 0:
             d = await store.apeek(key, rule, 1)
             return (0, d[2], round(d[3] * 1e6), 0, now)
+        if least < 0:  # a forced add: the blocking flow (an in-process backend)
+            return self._one(key, rule, want, least)
         d = await store.ahit(key, rule, want)
         if d[0]:
             return (want, d[2], round(d[3] * 1e6), 0, now)
@@ -115,15 +223,24 @@ class Backend:
 
     async def alease_many(self, requests: Sequence[LeaseRequest]
                           ) -> list[Grant | StorageError]:
+        return (await self.async_sync_many(requests, None, 0))[0]
+
+    async def async_sync_many(self, requests: Sequence[LeaseRequest], since: int | None,
+                              cap: int) -> tuple[list[Grant | StorageError], BoardRead]:
+        self._count(requests, True)
         out: list[Grant | StorageError] = []
         trips = self._trips
         for key, rule, want, least in requests:
             try:
-                out.append(await self.alease(key, rule, want, least))
+                out.append(await self._aone(key, rule, want, least))
             except StorageError as exc:
                 out.append(exc)
         self._trips = trips + self.nodes(requests)
-        return out
+        board: BoardRead = None
+        if since is not None and self._board is not None:
+            board = self._board.since(since, cap)
+            self.board_reads += len(board[1])
+        return out, board
 
 
 class RedisBackend(Backend):
@@ -164,19 +281,34 @@ class RedisBackend(Backend):
     def _now(self) -> str | int:
         return "" if self.redis.time_source == "server" else wall_us(self.store.clock)
 
-    def _commands(self, requests: Sequence[LeaseRequest]) -> list[tuple[Any, int]]:
+    @property
+    def has_board(self) -> bool:
+        return not self.cluster  # a cluster's scripts see one slot: no shared board
+
+    def board_id(self, key: str, rule: Rule) -> str:
+        return str(self.redis.key(key, rule))
+
+    def _commands(self, requests: Sequence[LeaseRequest], board: str = ""
+                  ) -> list[tuple[Any, int]]:
         """(command, how many leases it holds): one per batch on one server, one per lease
-        on a cluster (keys of one script must share a slot)."""
+        on a cluster (keys of one script must share a slot). ``board``: the last
+        command reads the board too ("<since> <cap>")."""
         groups: list[Sequence[LeaseRequest]]
         if self.cluster:
             groups = [[r] for r in requests]
+            board = ""
         else:
             groups = [requests[i:i + _BATCH] for i in range(0, len(requests), _BATCH)]
         out = []
         slack = self.redis._slack_ms
-        for group in groups:
+        last = len(groups) - 1
+        for g, group in enumerate(groups):
             keys = [self.redis.key(k, r) for k, r, _, _ in group]
-            args: list[str | int] = [self._now(), len(group), "", slack]
+            b = board if g == last else ""
+            if b:
+                prefix = self.redis.prefix
+                keys += [f"{prefix}:hybrid.board", f"{prefix}:hybrid.board.seq"]
+            args: list[str | int] = [self._now(), len(group), b, slack]
             for _, rule, want, least in group:
                 args += self._rule(rule)
                 args += [want, least, 0, 0]
@@ -189,33 +321,64 @@ class RedisBackend(Backend):
         return [(int(reply[1 + 4 * i]), int(reply[2 + 4 * i]), int(reply[3 + 4 * i]),
                  int(reply[4 + 4 * i]), now) for i in range(n)]
 
+    def _board_of(self, reply: Any, n: int) -> BoardRead:
+        at = 1 + 4 * n
+        entries = []
+        for raw in reply[at + 1:]:
+            text = raw.decode() if isinstance(raw, bytes) else str(raw)
+            until, _, bid = text.partition(" ")
+            entries.append((int(until), bid))
+        self.board_reads += len(entries)
+        return int(reply[at]), entries
+
     def lease(self, key: str, rule: Rule, want: int, least: int) -> Grant:
         ((command, n),) = self._commands([(key, rule, want, least)])
         self.ops += 1
+        self._count(((key, rule, want, least),), False)
         return self._grants(self.transport.call(command), n)[0]
 
-    def lease_many(self, requests: Sequence[LeaseRequest]) -> list[Grant | StorageError]:
-        commands = self._commands(requests)
-        self.ops += len(requests)
-        replies = self.transport.call_many([c for c, _ in commands])
+    def _fold_replies(self, commands: list[tuple[Any, int]], replies: Sequence[Any],
+                      board: str) -> tuple[list[Grant | StorageError], BoardRead]:
         out: list[Grant | StorageError] = []
-        for (_, n), reply in zip(commands, replies, strict=True):
+        read: BoardRead = None
+        for i, ((_, n), reply) in enumerate(zip(commands, replies, strict=True)):
             if isinstance(reply, BaseException):
                 err = reply if isinstance(reply, StorageError) else StorageError(str(reply))
                 out += [err] * n
             else:
                 out += self._grants(reply, n)
-        return out
+                if board and i == len(commands) - 1:
+                    read = self._board_of(reply, n)
+        return out, read
+
+    def lease_many(self, requests: Sequence[LeaseRequest]) -> list[Grant | StorageError]:
+        return self.sync_many(requests, None, 0)[0]
+
+    def sync_many(self, requests: Sequence[LeaseRequest], since: int | None, cap: int
+                  ) -> tuple[list[Grant | StorageError], BoardRead]:
+        board = f"{since} {cap}" if since is not None and self.has_board and requests else ""
+        commands = self._commands(requests, board)
+        self.ops += len(requests)
+        self._count(requests, not self.cluster)
+        replies = self.transport.call_many([c for c, _ in commands])
+        return self._fold_replies(commands, replies, board)
 
     async def alease(self, key: str, rule: Rule, want: int, least: int) -> Grant:
         ((command, n),) = self._commands([(key, rule, want, least)])
         self.ops += 1
+        self._count(((key, rule, want, least),), False)
         return self._grants(await self.transport.acall(command), n)[0]
 
     async def alease_many(self, requests: Sequence[LeaseRequest]
                           ) -> list[Grant | StorageError]:
-        commands = self._commands(requests)
+        return (await self.async_sync_many(requests, None, 0))[0]
+
+    async def async_sync_many(self, requests: Sequence[LeaseRequest], since: int | None,
+                              cap: int) -> tuple[list[Grant | StorageError], BoardRead]:
+        board = f"{since} {cap}" if since is not None and self.has_board and requests else ""
+        commands = self._commands(requests, board)
         self.ops += len(requests)
+        self._count(requests, not self.cluster)
 
         async def one(command: Any) -> Any:
             try:
@@ -225,14 +388,7 @@ class RedisBackend(Backend):
 
         # concurrent acalls of one loop iteration leave in one write per server
         replies = await asyncio.gather(*(one(c) for c, _ in commands))
-        out: list[Grant | StorageError] = []
-        for (_, n), reply in zip(commands, replies, strict=True):
-            if isinstance(reply, BaseException):
-                err = reply if isinstance(reply, StorageError) else StorageError(str(reply))
-                out += [err] * n
-            else:
-                out += self._grants(reply, n)
-        return out
+        return self._fold_replies(commands, list(replies), board)
 
 
 def backend_for(store: Store) -> Backend:

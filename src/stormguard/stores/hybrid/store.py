@@ -33,7 +33,14 @@ from stormguard.ratelimit.decision import Decision
 from stormguard.ratelimit.reservation import Reservation
 from stormguard.ratelimit.rule import Rule
 from stormguard.stores.base import Store, binding, check_cost, check_rules, key_error
-from stormguard.stores.hybrid.backend import Backend, Grant, LeaseRequest, backend_for
+from stormguard.stores.hybrid.backend import (
+    FORCED,
+    Backend,
+    BoardRead,
+    Grant,
+    LeaseRequest,
+    backend_for,
+)
 from stormguard.stores.hybrid.sketch import HotKeys
 
 __all__ = ["HybridDegraded", "HybridStore", "HybridSynced"]
@@ -43,11 +50,13 @@ _WINDOWS = frozenset({"fixed_window", "sliding_window_counter"})
 _LOCAL = frozenset({"fixed_window", "sliding_window_counter", "token_bucket", "gcra",
                     "leaky_bucket"})
 _SWEEP_ROUNDS = 16  # every 16 rounds, entries idle for as long are dropped
+# a key on the board is checked exactly (no allowance) for 2 windows after it frees
+_CONTENDED_WINDOWS = 2
 # the options of a hybrid+ URL's query, and their types
 _URL_OPTIONS: dict[str, type] = {
     "sync_interval": float, "hot_rate": float, "shards": int, "max_keys": int,
     "hot_period": float, "sketch_size": int, "outage_share": float, "deny_hold": float,
-    "name": str}  # sync rounds without a check before a key's entry is dropped
+    "cold_allowance": int, "board_size": int, "name": str}
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +84,8 @@ class _Entry:
     """One key under one rule in this process."""
 
     __slots__ = (
+        "aused",
+        "awin",
         "demand",
         "denied_cost",
         "denied_until",
@@ -86,11 +97,16 @@ class _Entry:
         "expires",
         "granted",
         "key",
+        "last_granted",
         "lease",
+        "owed",
+        "owin",
         "rate",
         "remaining",
         "reset_at",
         "rule",
+        "share",
+        "sole",
         "synced_at",
         "used",
         "window",
@@ -116,6 +132,14 @@ class _Entry:
         self.dshare = 1.0       # the share of the limit it enforces meanwhile
         self.dused = 0          # admitted while degraded, to charge on reconnection
         self.dwindow = 0
+        self.aused = 0          # admitted on the cold allowance in window `awin`
+        self.awin = -1
+        self.owed = 0           # admitted on the cold allowance, not charged yet (window owin)
+        self.owin = -1
+        self.last_granted = 0   # windows: what it took in the last whole window it leased in
+        self.sole = False       # windows: and it alone took from the counter then (>= 2)
+        self.share = -1.0       # windows: this process's part of what the fleet took in
+                                # the last window it leased in (-1: unknown)
 
 
 def _window_of(rule: Rule, now: int) -> int:
@@ -163,16 +187,28 @@ class HybridStore(Store):
       over its limit costs about one round trip per ``deny_hold`` per process; the
       capacity freed meanwhile is not lost, another process or the next lease takes it.
     * ``outage_share``: the share of a key's limit this process enforces while the
-      backend is unreachable (default: ``1 / peers``, the processes counted on the
-      backend at the last sync rounds; what it took in the current window counts).
+      backend is unreachable (default: for the window algorithms, its part of the
+      fleet's demand at the last successful sync, with a floor; otherwise ``1 / peers``,
+      the processes counted on the backend at the last sync rounds; what it took in the
+      current window counts).
+    * ``cold_allowance``: ``a > 0`` admits, for a key this process holds no lease for
+      and has not seen busy, up to ``a`` units per window of the rule in memory, charged
+      to the key's backend counter at the next sync round (a forced add in the round's
+      round trip); the round reads the board of exhausted keys, which are then denied
+      locally until they free, and checked exactly (leases) for two windows more. Per
+      window the fleet admits at most ``limit + a x processes`` (docs/hybrid.md).
+      ``0`` (default): every unit is taken from the backend before it is spent.
+    * ``board_size``: the board entries one round reads at most.
 
     ``sliding_window_log`` is exact by definition: its checks always go to the backend.
     """
 
-    def __init__(self, backend: Store | str = "memory://", *, sync_interval: float | None = 0.1,
+    def __init__(  # noqa: PLR0915
+            self, backend: Store | str = "memory://", *, sync_interval: float | None = 0.1,
                  hot_rate: float = 0.0, shards: int = 1, max_keys: int = 100_000,
                  hot_period: float = 1.0, sketch_size: int = 1024,
                  outage_share: float | None = None, deny_hold: float | None = None,
+                 cold_allowance: int = 0, board_size: int = 4096,
                  name: str = "hybrid",
                  clock: Clock | None = None, listeners: Sequence[Listener] = (),
                  **backend_options: Any) -> None:
@@ -191,6 +227,9 @@ class HybridStore(Store):
             deny_hold = sync_interval if sync_interval is not None else 0.0
         self.deny_hold = validate.number("deny_hold", deny_hold, allow_zero=True)
         self._hold_us = round(self.deny_hold * 1e6)
+        self.cold_allowance = validate.integer("cold_allowance", cold_allowance,
+                                               minimum=0)
+        self.board_size = validate.integer("board_size", board_size, maximum=1 << 16)
         self._max_age_us = round(2 * (sync_interval or 0.1) * 1e6)
         self.name = validate.text("name", name)
         self._owns = isinstance(backend, str)
@@ -202,6 +241,14 @@ class HybridStore(Store):
                               "(wall_ns() is missing)")
         self._wall_ns = wall_ns
         self._b: Backend = backend_for(backend)
+        # the cold allowance: on one shard only (shards split the counter)
+        self._allow = self.cold_allowance if self.shards == 1 else 0
+        self._b.posting = self._allow > 0
+        self._board: OrderedDict[str, int] = OrderedDict()  # board id -> until (us)
+        # (rule id, key) -> [window, units] the direct path admitted in that window
+        self._direct_used: OrderedDict[tuple[str, str], list[int]] = OrderedDict()
+        self._board_seq = -1  # the last board sequence number read
+        self._cold_admitted = self._board_entries = 0
         self._listeners: list[Listener] = list(listeners)
         self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._denied: OrderedDict[tuple[str, str], tuple[int, int]] = OrderedDict()
@@ -330,8 +377,16 @@ class HybridStore(Store):
             # a window's lease is void at its end: ask for no more than the demand until then
             w = rule._algo.W
             more = min(more, int(e.rate * (w - now % w)))
-        # and never more than this process's share of what the backend had left
-        more = min(more, e.remaining // self._peers)
+        # and never more than this process's share of what the backend had left; a key
+        # this process alone took from in its last whole window (a balancer that sends it
+        # here only) may take what it took then, for the rest of this window, of all
+        # that is left: no other process asks for it
+        share = e.remaining // self._peers
+        if rule.algorithm in _WINDOWS and e.sole:
+            w = rule._algo.W
+            more = max(more, e.last_granted * (w - now % w) // w)
+            share = e.remaining
+        more = min(more, share)
         return max(cost, min(cap, cost + more))
 
     def _interval_us(self, now: int) -> int:
@@ -449,6 +504,7 @@ class HybridStore(Store):
         (when the request left: the earliest the backend could have answered)."""
         granted, remaining, reset_us, _retry, bnow = g
         rule = e.rule
+        last = e.remaining
         e.remaining = remaining
         e.reset_at = sent + reset_us
         if rule.algorithm in _WINDOWS:
@@ -456,6 +512,12 @@ class HybridStore(Store):
             window = bnow // w
             expires = sent + ((window + 1) * w - bnow)
             if window != e.window:
+                if e.window >= 0:  # the old window closes: the part of it this process took
+                    s = self._part(e.granted, rule._algo.B - last, rule._algo.B)
+                    if s is not None:
+                        e.share = s
+                    e.last_granted = e.granted
+                    e.sole = e.granted >= 2 and e.granted >= rule._algo.B - last
                 # a lease of another window: what is left of the old one is void
                 self._voided += e.lease
                 e.lease = 0
@@ -512,13 +574,79 @@ class HybridStore(Store):
             e = self._entries[k] = _Entry(key, rule, now)
         return e
 
+    # -- the cold allowance ----------------------------------------------------------------
+    def _cold(self, key: str, rule: Rule, cost: int, now: int,
+              e: _Entry | None) -> Decision | None:
+        """A check of a key this process holds no lease for: denied when the board says
+        the key is exhausted, admitted on the allowance (charged at the next round), or
+        None: ask the backend (lock held)."""
+        if e is not None and (e.lease > 0 or e.rate > 0):
+            return None  # a key this process leases: exact
+        board = self._board
+        if board:
+            bid = self._b.board_id(key, rule)
+            until = board.get(bid)
+            if until is not None:
+                if now < until:  # exhausted on the backend: denied here until it frees
+                    e = self._entry(key, rule, now)
+                    e.denied_until = until
+                    e.denied_cost = 1
+                    e.demand += cost
+                    self._mark(e)
+                    self._denials_cached += 1
+                    return _new(Decision, (False, rule._algo.B, 0, (until - now) / 1e6,
+                                           (until - now) / 1e6, rule, False))
+                if now < until + _CONTENDED_WINDOWS * rule._algo.W:
+                    return None  # contended: exact, no allowance
+                del board[bid]
+        win = now // rule._algo.W
+        if e is None:
+            e = self._entry(key, rule, now)
+        if e.awin != win:
+            e.awin = win
+            e.aused = 0
+        if e.aused + cost > self._allow:
+            return None
+        e.aused += cost
+        if e.owin != win and rule.algorithm in _WINDOWS:
+            e.owed = 0  # (a window that ended without a round: nothing left to charge)
+        e.owed += cost
+        e.owin = win
+        e.demand += cost
+        self._mark(e)
+        self._local_decisions += 1
+        self._cold_admitted += 1
+        w = rule._algo.W
+        reset = w - now % w if rule.algorithm == "fixed_window" else 0
+        return _new(Decision, (True, rule._algo.B, max(0, e.remaining - e.owed), reset / 1e6,
+                               0.0, rule, False))
+
     # -- degraded: the shares held -------------------------------------------------------
+    @staticmethod
+    def _part(mine: int, taken: int, capacity: int) -> float | None:
+        """This process's part of what the fleet took from a window's counter, when the
+        fleet took enough of it (a quarter of the capacity) to say."""
+        if taken <= 0 or 4 * taken < capacity:
+            return None
+        return min(1.0, mine / taken)
+
     def _share_of(self, e: _Entry | None) -> float:
-        """This process's share of a key's limit while the backend is unreachable: an
-        equal share of the processes seen at the last sync rounds."""
+        """This process's share of a key's limit while the backend is unreachable: for
+        the window algorithms, its part of the fleet's demand at the last successful
+        sync (what it took of what the fleet took from the key's counter in the last
+        whole window it leased in),
+        with a floor of a twentieth of an equal share (the parts sum to the limit);
+        otherwise, and with no history of the key, an equal share of the processes seen
+        at the last sync rounds."""
         if self.outage_share is not None:
             return self.outage_share
-        return 1.0 / max(1, self._peers if self._peers < 1 << 30 else 1)
+        peers = max(1, self._peers if self._peers < 1 << 30 else 1)
+        # the last whole window's part only: within a window, each process measures at
+        # its own last reply, and early ones see a larger part than they hold
+        if e is not None and e.rule.algorithm in _WINDOWS and e.share >= 0:
+            floor = 1.0 / (20 * peers)
+            return floor + (1.0 - peers * floor) * e.share
+        return 1.0 / peers
 
     def _outage_rule(self, rule: Rule, share: float) -> Rule:
         """``rule`` with its limit (and burst) cut to ``share`` of it, rounded down."""
@@ -556,6 +684,10 @@ class HybridStore(Store):
                 if rule.algorithm in _WINDOWS and e.granted and e.expires and now < e.expires:
                     # what it took in this window counts against its share
                     algo.apply(e.dentry, now, min(e.granted, algo.B), True)
+                direct = self._direct_used.get((rule._id, key))
+                if direct is not None and direct[0] == now // rule._algo.W:
+                    # and what its direct checks were admitted in it (hot_rate's cold keys)
+                    algo.apply(e.dentry, now, min(direct[1], algo.B), True)
             c = min(cost, algo.B)
             v = algo.apply(e.dentry, now, c, consume)
             if v[0] and consume:
@@ -580,6 +712,18 @@ class HybridStore(Store):
             del self._denied[k]
         return None
 
+    def _count_direct(self, k: tuple[str, str], rule: Rule, cost: int, now: int) -> None:
+        """What the direct path admitted in the current window of a window algorithm:
+        it counts against this process's share if the backend goes down (bounded)."""
+        win = now // rule._algo.W
+        with self._lock:
+            used = self._direct_used.get(k)
+            if used is None or used[0] != win:
+                if len(self._direct_used) >= self.max_keys:
+                    self._direct_used.popitem(last=False)
+                used = self._direct_used[k] = [win, 0]
+            used[1] += cost
+
     def _remember(self, k: tuple[str, str], d: Decision, cost: int, sent: int) -> None:
         if not d[0] and d[4] > 0:
             with self._lock:
@@ -603,12 +747,15 @@ class HybridStore(Store):
                                     rule, False))
             else:
                 self._b._trips += 1
+                self._b.direct += 1  # one standalone script run
                 self._b.ops += 1
                 d = self.backend.hit(key, rule, cost)
         except StorageError as exc:
             self._set_degraded(True, str(exc))
             return self._degraded_hit(key, rule, cost)
         self._remember(k, d, cost, now)
+        if d[0] and rule.algorithm in _WINDOWS:
+            self._count_direct(k, rule, cost, now)
         return d
 
     async def _adirect(self, key: str, rule: Rule, cost: int, now: int) -> Decision:
@@ -627,12 +774,15 @@ class HybridStore(Store):
                                     rule, False))
             else:
                 self._b._trips += 1
+                self._b.direct += 1  # one standalone script run
                 self._b.ops += 1
                 d = await self.backend.ahit(key, rule, cost)
         except StorageError as exc:
             self._set_degraded(True, str(exc))
             return self._degraded_hit(key, rule, cost)
         self._remember(k, d, cost, now)
+        if d[0] and rule.algorithm in _WINDOWS:
+            self._count_direct(k, rule, cost, now)
         return d
 
     # -- the Store API -------------------------------------------------------------------
@@ -677,6 +827,11 @@ class HybridStore(Store):
                                            False))
                 e.demand -= cost  # counted again when the reply is folded in
             local = self._recovered_at != 0 and self._recovering(rule, now)
+            if self._allow and not local and not self._degraded:
+                d = self._cold(key, rule, cost, now, e)
+                if d is not None:
+                    return d
+                e = self._get((rule._id, key))
             want = self._want(e, now, cost) if e is not None else cost
         finally:
             self._release()
@@ -700,9 +855,13 @@ class HybridStore(Store):
             d = self._fast(key, rule, cost, now)
             if d is not None:
                 return d
+            local = self._recovered_at != 0 and self._recovering(rule, now)
+            if self._allow and not local and not self._degraded:
+                d = self._cold(key, rule, cost, now, self._entries.get((rule._id, key)))
+                if d is not None:
+                    return d
             e = self._entries.get((rule._id, key))
             want = self._want(e, now, cost) if e is not None else cost
-            local = self._recovered_at != 0 and self._recovering(rule, now)
         if self._degraded or local:
             return self._degraded_hit(key, rule, cost)
         try:
@@ -731,6 +890,7 @@ class HybridStore(Store):
         bkey, brule = self._backend_key(key, rule)
         try:
             self._b._trips += 1
+            self._b.direct += 1  # one standalone script run
             self._b.ops += 1
             return self.backend.peek(bkey, brule, cost).replace(rule=rule)
         except StorageError as exc:
@@ -764,6 +924,7 @@ class HybridStore(Store):
                 return self._degraded_all(key, rules, cost)
             try:
                 self._b._trips += 1
+                self._b.direct += 1  # one standalone script run
                 self._b.ops += 1
                 self._direct_checks += 1
                 return self.backend.hit_all(key, rules, cost)
@@ -824,6 +985,7 @@ class HybridStore(Store):
         processes are already taken from the same counter)."""
         bkey, brule = self._backend_key(key, rule)
         self._b._trips += 1
+        self._b.direct += 1  # one standalone script run
         self._b.ops += 1
         return self.backend.reserve(bkey, brule, cost, max_wait=max_wait, book=book)
 
@@ -839,6 +1001,7 @@ class HybridStore(Store):
                 self._denied.pop((r._id, key), None)
         for r in rules:
             self._b._trips += 1
+            self._b.direct += 1  # one standalone script run
             self._b.ops += 1
             if self.shards == 1 or r.algorithm not in _LOCAL:
                 self.backend.reset(key, r)
@@ -867,6 +1030,7 @@ class HybridStore(Store):
         bkey, brule = self._backend_key(key, rule)
         try:
             self._b._trips += 1
+            self._b.direct += 1  # one standalone script run
             self._b.ops += 1
             return (await self.backend.apeek(bkey, brule, cost)).replace(rule=rule)
         except StorageError as exc:
@@ -882,6 +1046,7 @@ class HybridStore(Store):
                        max_wait: float | None = None, book: bool = True) -> Reservation:
         bkey, brule = self._backend_key(key, rule)
         self._b._trips += 1
+        self._b.direct += 1  # one standalone script run
         self._b.ops += 1
         return await self.backend.areserve(bkey, brule, cost, max_wait=max_wait, book=book)
 
@@ -934,6 +1099,8 @@ class HybridStore(Store):
                     requests.append((bkey, brule, min(e.dused, brule._algo.B), 0))
                 else:
                     e.dused = 0  # that window is over
+            if e.owed > 0:  # admitted on the cold allowance: charged in this round
+                self._owe(e, now, entries, requests)
             if self._recovering(rule, now):
                 continue  # still on its outage share: no lease this window
             e.dentry = None
@@ -944,15 +1111,27 @@ class HybridStore(Store):
             entries.append(e)
             requests.append((bkey, brule, min(need, brule._algo.B), 1))
         self._rounds += 1
-        drop = []
         if self._rounds % _SWEEP_ROUNDS == 0:  # now and then, forget the idle entries
-            idle = _SWEEP_ROUNDS * interval_us
-            drop = [k for k, e in live.items()
-                    if not e.dirty and e.dused == 0 and e.denied_until <= now
-                    and e.dentry is None and now - e.synced_at > idle]
-        for k in drop:
-            self._voided += self._entries.pop(k).lease
+            self._sweep(now, _SWEEP_ROUNDS * interval_us)
         return entries, requests
+
+    def _sweep(self, now: int, idle: int) -> None:
+        live = self._entries
+        drop = [k for k, e in live.items()
+                if not e.dirty and e.dused == 0 and e.denied_until <= now
+                and e.dentry is None and now - e.synced_at > idle]
+        for k in drop:
+            self._voided += live.pop(k).lease
+
+    def _owe(self, e: _Entry, now: int, entries: list[_Entry | None],
+             requests: list[LeaseRequest]) -> None:
+        """Charge what ``e`` admitted on the cold allowance: a forced add in the round."""
+        rule = e.rule
+        if rule.algorithm not in _WINDOWS or _window_of(rule, now) == e.owin:
+            bkey, brule = self._backend_key(e.key, rule)
+            entries.append(e)
+            requests.append((bkey, brule, min(e.owed, brule._algo.B), FORCED))
+        e.owed = 0
 
     def _topup(self, e: _Entry, now: int, interval_us: int) -> int:
         """Close the entry's round (its demand becomes its rate); the units its lease
@@ -988,15 +1167,21 @@ class HybridStore(Store):
                 entries, requests = self._plan(now)
                 self._last_sync = now
             trips = self._b.round_trips
+            board: BoardRead = None
             if requests and not (was_degraded and len(requests) == 0):
-                grants = self._b.lease_many(requests)
+                grants, board = self._b.sync_many(requests, self._since(), self.board_size)
             elif was_degraded:
                 grants = []
                 if not self._probe():
                     return self._round(0, 0, 0, 0, start)
             else:
                 return self._round(0, 0, 0, 0, start)
-            return self._fold(entries, requests, grants, now, was_degraded, trips, start)
+            return self._fold(entries, requests, grants, now, was_degraded, trips, start,
+                              board)
+
+    def _since(self) -> int | None:
+        """The board's last sequence number read, when rounds read the board."""
+        return self._board_seq if self._allow and self._b.has_board else None
 
     async def async_sync(self) -> dict[str, Any]:
         """:meth:`sync` on the running event loop."""
@@ -1007,15 +1192,17 @@ class HybridStore(Store):
             entries, requests = self._plan(now)
             self._last_sync = now
         trips = self._b.round_trips
+        board: BoardRead = None
         if requests:
-            grants = await self._b.alease_many(requests)
+            grants, board = await self._b.async_sync_many(requests, self._since(),
+                                                          self.board_size)
         elif was_degraded:
             grants = []
             if not await self.backend.aping():
                 return self._round(0, 0, 0, 0, start)
         else:
             return self._round(0, 0, 0, 0, start)
-        return self._fold(entries, requests, grants, now, was_degraded, trips, start)
+        return self._fold(entries, requests, grants, now, was_degraded, trips, start, board)
 
     def _probe(self) -> bool:
         try:
@@ -1025,19 +1212,32 @@ class HybridStore(Store):
 
     def _fold(self, entries: list[_Entry | None], requests: list[LeaseRequest],
               grants: list[Grant | StorageError], now: int, was_degraded: bool, trips: int,
-              start: float) -> dict[str, Any]:
+              start: float, board: BoardRead = None) -> dict[str, Any]:
         failed = 0
         granted = 0
         error = ""
         with self._lock:
+            if board is not None:
+                self._read_board(board, now)
             for e, req, g in zip(entries, requests, grants, strict=True):
                 if isinstance(g, StorageError):
                     failed += 1
                     error = str(g)
+                    if e is not None and req[3] == FORCED:
+                        e.owed += req[2]  # charged in a later round of the same window
                     continue
                 if e is None:  # the peer count: this window's, or the last whole one's
                     self._peer_count = max(self._peer_count, self._peer_rule._algo.B - g[1])
                     self._peers = max(1, self._peer_count, self._peers_last)
+                    continue
+                if req[3] == FORCED:  # a charge of the cold allowance: where the key stands
+                    self._credit(e, (0, g[1], g[2], 0, g[4]), now)
+                    if e.rule.algorithm in _WINDOWS:
+                        e.granted += req[2]  # taken from the counter by this process
+                    if g[3] > 0:  # exhausted: denied here until it frees
+                        e.denied_until = max(e.denied_until, now + self._hold(e.rule, now,
+                                                                              g[3]))
+                        e.denied_cost = 1
                     continue
                 if req[3] == 0:  # a charge of what was admitted on the outage share
                     e.dused = 0  # charged (as much as the counter could take)
@@ -1060,6 +1260,19 @@ class HybridStore(Store):
         keys = sum(1 for e in entries if e is not None)
         self._keys_synced += keys
         return self._round(keys, granted, self._b.round_trips - trips, failed, start)
+
+    def _read_board(self, board: tuple[int, list[tuple[int, str]]], now: int) -> None:
+        """The board's entries since the last round: keys exhausted on the backend."""
+        seq, items = board
+        self._board_seq = seq
+        b = self._board
+        for until, bid in items:
+            if until > now:
+                b[bid] = until
+                b.move_to_end(bid)
+        self._board_entries += len(items)
+        while len(b) > self.max_keys:
+            b.popitem(last=False)
 
     def _round(self, keys: int, granted: int, trips: int, failed: int,
                start: float) -> dict[str, Any]:
@@ -1137,6 +1350,9 @@ class HybridStore(Store):
             "local_keys": local_keys,
             "peers": self._peers if self._peers < 1 << 30 else None,
             "hot_keys": len(self._hot.hot) if self._hot is not None else None,
+            "cold_admitted": self._cold_admitted,
+            "board_entries": self._board_entries,
+            "board_keys": len(self._board),
         }
 
     def close(self) -> None:

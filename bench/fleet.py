@@ -6,7 +6,8 @@
 The model is :mod:`stormguard.sim.fleet` (its docstring describes it), the same one
 ``stormguard simulate fleet`` runs; this script keeps the full scale as its default
 (1,000,000 requests per second for 2 s of virtual time) and prints the markdown tables
-that docs/performance.md quotes.
+that docs/performance.md quotes, then the regions table of :mod:`stormguard.sim.regions`
+(``--no-regions`` leaves it out).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from stormguard.sim.fleet import FULL_RATE, simulate  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--regions", action=argparse.BooleanOptionalAction, default=True,
+                        help="then the 3 regions under one global limit (bench/regions.py)")
     parser.add_argument("--rate", type=float, default=FULL_RATE, help="requests per second")
     parser.add_argument("--seconds", type=float, default=2.0, help="virtual seconds")
     parser.add_argument("--users", type=int, default=10_000_000)
@@ -44,6 +47,11 @@ def main() -> None:
                      seed=args.seed, cold_allowance=args.cold_allowance,
                      native_adds=not args.script_adds)
     print(fleet.text())
+    if args.regions:  # the fleet's regions: stormguard.sim.regions, the full run
+        from stormguard.sim.regions import simulate as regions
+
+        print()
+        print(regions(measure_convergence=True).text())
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import socket
@@ -54,10 +55,11 @@ def free_port() -> int:
 class Server:
     """uvicorn running the shop in its own process (1 worker), stopped by PID."""
 
-    def __init__(self, protection: str, switch: str = "0.001") -> None:
+    def __init__(self, protection: str, switch: str = "0.001", **extra: str) -> None:
         self.port = free_port()
         env = dict(os.environ, SHOP_PROTECTION=protection, SHOP_SWITCH_INTERVAL=switch,
-                   PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+                   SHOP_TRACE="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+                   **extra)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "examples.shop_app:app", "--host", "127.0.0.1",
              "--port", str(self.port), "--workers", "1", "--no-access-log",
@@ -73,6 +75,11 @@ class Server:
                     raise RuntimeError("uvicorn did not start") from None
                 time.sleep(0.05)
 
+    def cpu(self) -> float:
+        """The server process's CPU seconds so far (user + system)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         self.proc.kill()
         self.proc.wait()
@@ -87,6 +94,11 @@ class Point:
     failed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
     limits: list[int] = field(default_factory=list)  # the server's limit, sampled
     duration: float = 1.0
+    #: per request id: tier, path, when it was due, sent, answered (client side), status
+    client: dict[str, tuple[str, str, float, float, float, int]] = field(default_factory=dict)
+    #: per request id: the server's trace row (examples/shop_app.py, Trace)
+    server: dict[str, list[float | None]] = field(default_factory=dict)
+    cpu: float = 0.0  # the server's CPU seconds during the counted part
 
     def success(self, tier: str) -> float:
         return len(self.ok[tier]) / max(1, self.sent[tier])
@@ -174,18 +186,21 @@ async def offer(port: int, rate: float, seconds: float, give_up: float, rng: ran
     weights = [m[3] for m in MIX]
     tasks = []
 
-    async def one(method: str, path: str, tier: str) -> None:
+    async def one(i: int, method: str, path: str, tier: str, due: float) -> None:
         t0 = loop.time()
         try:
             async with asyncio.timeout(give_up):
-                status, body = await client.request(method, path)
+                status, body = await client.request(method, f"{path}?i={i}")
         except (TimeoutError, OSError, ValueError, IndexError, asyncio.IncompleteReadError):
             if point is not None:
                 point.failed[tier] += 1
+                point.client[str(i)] = (tier, path, due, t0, loop.time(), 0)
             return
         took = loop.time() - t0
         if point is None:
             return
+        waited = status == 503 and b'"queue_timeout"' in body
+        point.client[str(i)] = (tier, path, due, t0, t0 + took, 5030 if waited else status)
         if status == 200:
             point.ok[tier].append(took)
         elif status == 503:
@@ -215,13 +230,17 @@ async def offer(port: int, rate: float, seconds: float, give_up: float, rng: ran
         method, path, tier, _ = rng.choices(MIX, weights)[0]
         if point is not None:
             point.sent[tier] += 1
-        delay = start + i / rate - loop.time()
+        due = start + i / rate
+        delay = due - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(method, path, tier)))
+        tasks.append(asyncio.create_task(one(i, method, path, tier, due)))
     await asyncio.gather(*tasks)
     watcher.cancel()
     await asyncio.gather(watcher, return_exceptions=True)
+    status, body = await client.request("GET", "/trace")  # the server's side of it
+    if point is not None and status == 200:
+        point.server = {row[0]: row[1:] for row in json.loads(body)}
     client.close()
     await asyncio.sleep(0)  # let the closed transports go
 
@@ -248,15 +267,210 @@ async def closed_loop(port: int, seconds: float, connections: int, rng: random.R
     return done / (loop.time() - t0)
 
 
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def breakdown(pt: Point) -> list[str]:
+    """Where the time of a request goes, p50 / p99 in ms, per tier and answer, from the
+    client's timestamps and the server's trace (one clock: CLOCK_MONOTONIC)."""
+    spans: dict[tuple[str, int], dict[str, list[float]]] = {}
+    for i, (tier, _path, due, sent, answered, status) in pt.client.items():
+        row = pt.server.get(i)
+        if row is None or status not in (200, 503, 5030):
+            continue
+        _, arrive, granted, run, ran, _done, out = row
+        assert isinstance(arrive, float)
+        assert isinstance(out, float)
+        d = spans.setdefault((tier, status), {k: [] for k in (
+            "late", "in", "wait", "to thread", "run", "back", "out", "server", "total")})
+        d["late"].append(sent - due)          # the generator was behind its schedule
+        d["in"].append(arrive - sent)         # socket -> the server's loop reads, parses it
+        if status == 200 and granted is not None and run is not None and ran is not None:
+            d["wait"].append(granted - arrive)  # for a slot
+            d["to thread"].append(run - granted)  # the thread pool picks it up
+            d["run"].append(ran - run)        # the handler's CPU work, GIL shared
+            d["back"].append(out - ran)       # response written by the loop
+        d["out"].append(answered - out)       # server wrote it -> the generator read it
+        d["server"].append(out - arrive)
+        d["total"].append(answered - sent)
+    lines = [f"    {'tier':<9} {'answer':>6} {'n':>5} | " + " | ".join(
+        f"{k:>11}" for k in ("late", "in", "wait", "to thread", "run", "back", "out",
+                             "server", "total"))]
+    lines.append("    (503: shed on arrival; 503 w: shed after waiting its queue_timeout)")
+    for (tier, status), d in sorted(spans.items(), key=lambda kv: (TIERS.index(kv[0][0]),
+                                                                    kv[0][1])):
+        cells = []
+        for k in ("late", "in", "wait", "to thread", "run", "back", "out", "server", "total"):
+            xs = d[k]
+            cells.append(f"{pct(xs, .5) * 1e3:>5.1f}/{pct(xs, .99) * 1e3:<5.1f}" if xs
+                         else f"{'-':>11}")
+        answer = {200: "200", 503: "503", 5030: "503 w"}[status]
+        lines.append(f"    {tier:<9} {answer:>6} {len(d['total']):>5} | " + " | ".join(cells))
+    return lines
+
+
+def cpu_per_request(protection: str, paths: list[tuple[str, str]], seconds: float,
+                    connections: int, **extra: str) -> dict[str, float]:
+    """The server's CPU seconds per answered request, per (method, path), closed loop."""
+    server = Server(protection, **extra)
+    out: dict[str, float] = {}
+    try:
+        async def one_path(method: str, path: str) -> None:
+            loop = asyncio.get_running_loop()
+            clients = [Client(server.port, 10.0) for _ in range(connections)]
+            for c in clients:  # connected before the count starts
+                await c.request("GET", "/healthz")
+            done = 0
+            end = loop.time() + seconds
+
+            async def worker(c: Client) -> None:
+                nonlocal done
+                while loop.time() < end:
+                    await c.request(method, path)
+                    done += 1
+
+            cpu = server.cpu()
+            await asyncio.gather(*(worker(c) for c in clients))
+            out[path] = (server.cpu() - cpu) / max(1, done)
+            for c in clients:
+                c.close()
+
+        async def run() -> None:
+            for method, path in paths:
+                await one_path(method, path)
+
+        asyncio.run(run())
+    finally:
+        server.stop()
+    return out
+
+
+def gil_handoffs(switches: list[str], burners: list[int], rate: float, seconds: float
+                 ) -> list[str]:
+    """A 503's latency (client side) while k threads burn CPU in the server, as k
+    CPU-bound requests in flight do, at each switch interval."""
+    lines = [f"    {'switch':>7} " + " ".join(f"{f'{k} busy':>15}" for k in burners)
+             + "   (503 answer p50/p99 ms, arrival -> answer read)"]
+    for switch in switches:
+        cells = []
+        for k in burners:
+            server = Server("shed-all", switch=switch, SHOP_BURNERS=str(k))
+            try:
+                point = Point(duration=seconds)
+
+                async def run(port: int = server.port, pt: Point = point) -> None:
+                    await offer(port, rate, 0.3, 2.0, random.Random(1), None)
+                    await offer(port, rate, seconds, 2.0, random.Random(2), pt)
+
+                asyncio.run(run())
+            finally:
+                server.stop()
+            xs = [c[4] - c[3] for c in point.client.values() if c[5] in (503, 5030)]
+            cells.append(f"{pct(xs, .5) * 1e3:>7.2f}/{pct(xs, .99) * 1e3:<7.2f}")
+        lines.append(f"    {float(switch) * 1e3:>5.1f}ms " + " ".join(f"{c:>15}" for c in cells))
+    return lines
+
+
+def ideal(events: list[tuple[float, str, str]], cost: dict[str, float], shed_cost: float,
+          answer_sheds: bool, queue_timeout: float = math.inf) -> tuple[float, float]:
+    """The critical p99 and success of an ideal scheduler on one core, on the arrivals
+    ``events`` (time, tier, path; any order): critical requests preempt everything else
+    and run one at a time, first come first served, each costing the CPU a 200 of its
+    path costs (``cost``); no degraded or sheddable request is run at all. With
+    ``answer_sheds``, every other request costs ``shed_cost`` of the core at the highest
+    priority (answered at once, as the 5 ms target asks). A critical request that would
+    start more than ``queue_timeout`` after its arrival is shed instead (it costs
+    nothing). No network, no parsing delay: a floor for the p99, a ceiling for the
+    success, not a model."""
+    events = sorted(events)
+    if not events:
+        return float("nan"), float("nan")
+    t0 = events[0][0]
+    busy: list[tuple[float, float]] = []  # the sheds' busy intervals (top priority), merged
+    if answer_sheds:
+        free_at = 0.0
+        for due, tier, _ in events:
+            if tier == "critical":
+                continue
+            start = max(due - t0, free_at)
+            free_at = start + shed_cost
+            if busy and busy[-1][1] >= start:
+                busy[-1] = (busy[-1][0], free_at)
+            else:
+                busy.append((start, free_at))
+    latencies = []
+    served = total = 0
+    now = 0.0
+    j = 0  # the first busy interval that may still matter
+
+    def skip(t: float) -> float:  # the first instant from t on that the sheds leave free
+        nonlocal j
+        while True:
+            while j < len(busy) and busy[j][1] <= t:
+                j += 1
+            if j < len(busy) and busy[j][0] <= t:
+                t = busy[j][1]
+                continue
+            return t
+
+    for due, tier, path in events:
+        if tier != "critical":
+            continue
+        total += 1
+        arrive = due - t0
+        start = skip(max(now, arrive))
+        if start - arrive > queue_timeout:
+            continue  # shed after waiting in vain: costs the core nothing
+        served += 1
+        now, need = start, cost[path]
+        while need > 1e-12:  # work in the gaps the sheds leave
+            now = skip(now)
+            gap = (busy[j][0] - now) if j < len(busy) else math.inf
+            step = min(need, gap)
+            now += step
+            need -= step
+        latencies.append(now - arrive)
+    return p99(latencies), served / max(1, total)
+
+
+def schedule(load: float, cost: dict[str, float], seconds: float, rng: random.Random
+             ) -> list[tuple[float, str, str]]:
+    """The generator's arrivals (time, tier, path) at ``load`` x the capacity that
+    ``cost`` (CPU seconds per path) gives the mix: one every 1 / rate s, paths at random."""
+    rate = load / sum(share * cost[path] for _, path, _, share in MIX)
+    weights = [m[3] for m in MIX]
+    out = []
+    for i in range(int(rate * seconds)):
+        _, path, tier, _ = rng.choices(MIX, weights)[0]
+        out.append((i / rate, tier, path))
+    return out
+
+
+def steady_floor(load: float, cost: dict[str, float], seconds: float = 400.0
+                 ) -> tuple[float, float, float]:
+    """The ideal scheduler (:func:`ideal`, the 503s free) over a long run at ``load``:
+    its critical p99 over its own unloaded (0.25x) p99, and its critical success with
+    waits cut at 50 ms and at 250 ms; the arrivals seeded, the same every run."""
+    base = ideal(schedule(0.25, cost, seconds, random.Random(1)), cost, 0.0, False)[0]
+    trace = schedule(load, cost, seconds, random.Random(2))
+    return (ideal(trace, cost, 0.0, False)[0] / base,
+            ideal(trace, cost, 0.0, False, 0.05)[1], ideal(trace, cost, 0.0, False, 0.25)[1])
+
+
 def measure(protection: str, rate: float, args: argparse.Namespace, seed: int) -> Point:
-    server = Server(protection)
+    server = Server(protection, switch=args.switch,
+                    SHOP_CRITICAL_WAIT=str(args.critical_wait))
     try:
         point = Point(duration=args.duration)
         rng = random.Random(seed)
 
         async def run() -> None:
             await offer(server.port, rate, args.warmup, args.timeout, rng, None)
+            cpu = server.cpu()
             await offer(server.port, rate, args.duration, args.timeout, rng, point)
+            point.cpu = server.cpu() - cpu
 
         asyncio.run(run())
         return point
@@ -265,7 +479,7 @@ def measure(protection: str, rate: float, args: argparse.Namespace, seed: int) -
 
 
 def plot(path: Path, loads: list[float], results: dict[str, dict[float, Point]],
-         capacity: float) -> None:
+         capacity: float, floors: dict[float, float], base_p99: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -285,6 +499,10 @@ def plot(path: Path, loads: list[float], results: dict[str, dict[float, Point]],
                 ax2.plot(loads, [p99(points[x].ok[tier]) * 1000 for x in loads],
                          styles[config], color=colors[tier], marker="o",
                          label=f"{tier}, {CONFIGS[config]}")
+    ax2.plot(loads, [floors[x] * 1000 for x in loads], "-", color="grey", linewidth=3,
+             alpha=0.5, label="critical, ideal scheduler on the same arrivals (floor)")
+    ax2.axhline(3 * base_p99 * 1000, color="grey", linestyle="-.", linewidth=1,
+                label="target: 3x the unloaded critical p99")
     ax1.set(xlabel="offered load (x capacity)", ylabel="goodput (x capacity)",
             title="goodput (200 within the client timeout)")
     ax2.set(xlabel="offered load (x capacity)", ylabel="p99 of 200s (ms, log)",
@@ -312,6 +530,12 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=2.0, help="client timeout (s)")
     ap.add_argument("--plot", default=str(ROOT / "docs" / "overload.png"))
     ap.add_argument("--json", default="", help="write the results here")
+    ap.add_argument("--gil", default="0.005,0.001,0.0005",
+                    help="switch intervals for the GIL hand-off table ('' skips it)")
+    ap.add_argument("--critical-wait", type=float, default=0.25,
+                    help="the shop's critical queue_timeout (SHOP_CRITICAL_WAIT), for the "
+                    "ideal scheduler's ceiling")
+    ap.add_argument("--switch", default="0.001", help="the server's switch interval")
     args = ap.parse_args()
     loads = [float(x) for x in args.loads.split(",")]
     configs = [c for c in args.configs.split(",") if c]
@@ -331,15 +555,44 @@ def main() -> None:
         print(f"capacity runs: {', '.join(f'{r:.1f}' for r in runs)} req/s")
     print(f"capacity: {capacity:.1f} req/s at the mix (closed loop, 4 connections, "
           f"no protection); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    # what a request costs the server's one core (its CPU time, all threads)
+    cost = cpu_per_request("none", [(m, p) for m, p, _, _ in MIX], 0.6, 1)
+    shed_cost = cpu_per_request("shed-all", [("GET", "/recommendations")], 1.0, 2)[
+        "/recommendations"]
+    print("server CPU per request (closed loop): " + ", ".join(
+        f"{p} {c * 1e3:.2f} ms" for p, c in cost.items())
+        + f"; a shed 503 {shed_cost * 1e3:.3f} ms")
+    crit_cost = sum(sh * cost[p] for _, p, t, sh in MIX if t == "critical")
+    other = sum(sh for _, _, t, sh in MIX if t != "critical")
+    for load in loads:
+        rate = load * capacity
+        print(f"  {load:g}x ({rate:.0f} req/s): critical work {rate * crit_cost:.0%} of one "
+              f"core, answering every other request with a 503 "
+              f"{rate * other * shed_cost:.0%}: {rate * (crit_cost + other * shed_cost):.0%}")
+    mean = sum(sh * cost[p] for _, p, _, sh in MIX)
+    print(f"an ideal scheduler at these costs (capacity 1 / mean cost = {1 / mean:.1f} req/s; "
+          "one core, critical first and preemptive, nothing else run, the 503s free), 400 s "
+          "at each multiple of that capacity:")
+    for load in loads:
+        ratio, s50, s250 = steady_floor(load, cost)
+        print(f"  {load:g}x: critical p99 {ratio:.2f}x its own unloaded p99 (target 3x); "
+              f"critical success with waits cut at 50 ms {s50:.2%}, at 250 ms {s250:.2%}")
+    if args.gil:
+        print("GIL hand-offs: every request shed, k threads burning CPU in the server "
+              "(as k CPU-bound requests in flight), 100 req/s:")
+        for line in gil_handoffs(args.gil.split(","), [0, 1, 2, 4], 100.0, 1.0):
+            print(line)
     unloaded = measure("adaptive" if "adaptive" in configs else configs[0], 0.25 * capacity,
                        args, seed=99)
     base_p99 = p99(unloaded.ok["critical"])
     print(f"unloaded (0.25x): critical p99 {base_p99 * 1000:.1f} ms")
 
     results: dict[str, dict[float, Point]] = {c: {} for c in configs}
+    busiest = os.getloadavg()[0]
     for load in loads:  # the configurations side by side at each load, as close in time
         for config in configs:
             results[config][load] = measure(config, load * capacity, args, seed=int(load * 10))
+        busiest = max(busiest, os.getloadavg()[0])
         print(f"  {load:g}x done, load average {os.getloadavg()[0]:.1f}", flush=True)
 
     print(f"\n{'config':<30} {'load':>4} | {'critical':>9} {'degraded':>9} {'sheddable':>9} | "
@@ -361,6 +614,48 @@ def main() -> None:
     print("(success: 200 within the client timeout / sent; shed p99: 503s answered at once; "
           "waited: 503s after waiting queue_timeout in vain; goodput: 200s/s / capacity; "
           "limit: min-median-max of the server's limit)")
+    for config in configs:
+        print(f"\nwhere the time goes, {CONFIGS[config]} (ms, p50/p99; late: the generator "
+              "behind its schedule; in: sent -> the server's app has it; wait: for a slot; "
+              "to thread: slot -> handler starts; run: the handler; back: handler done -> "
+              "answer written; out: written -> read by the generator; server: in the "
+              "server's app):")
+        for load in loads:
+            pt = results[config][load]
+            n503 = sum(1 for c in pt.client.values() if c[5] in (503, 5030))
+            print(f"  {load:g}x: server CPU {pt.cpu / pt.duration:.0%} of a core, of which "
+                  f"about {n503 * shed_cost / pt.duration:.0%} answering {n503} 503s")
+            for line in breakdown(pt):
+                print(line)
+    floors: dict[float, float] = {}
+    print("\nthe physical floor: critical p99 of an ideal scheduler on the same arrivals, one "
+          "core, critical first and preemptive, nothing else run; 'alone': the 503s cost "
+          "nothing; 'with 503s': every other request answered at once at its measured cost")
+    for config in configs:
+        for load in loads:
+            pt = results[config][load]
+            crit = p99(pt.ok["critical"])
+            trace = [(due, tier, path) for tier, path, due, *_ in pt.client.values()]
+            alone = ideal(trace, cost, shed_cost, False)[0]
+            shed = ideal(trace, cost, shed_cost, True)[0]
+            if config == configs[-1]:
+                floors[load] = shed
+            p_wait, s_wait = ideal(trace, cost, shed_cost, True, args.critical_wait)
+            s_50 = ideal(trace, cost, shed_cost, True, 0.05)[1]
+            print(f"  {CONFIGS[config]:<30} {load:>3g}x: critical p99 measured "
+                  f"{crit * 1e3:6.1f} ms = {crit / base_p99:.1f}x unl. | floor: critical alone "
+                  f"{alone * 1e3:5.1f} ms = {alone / base_p99:.2f}x, with the 503s "
+                  f"{shed * 1e3:5.1f} ms = {shed / base_p99:.2f}x, waits cut at "
+                  f"{args.critical_wait * 1e3:g} ms {p_wait * 1e3:5.1f} ms = "
+                  f"{p_wait / base_p99:.2f}x | measured / floor {crit / p_wait:.2f}")
+            print(f"  {'':<30} {'':>4}  critical success measured "
+                  f"{pt.success('critical'):.2%} | ceiling: critical waits cut at 50 ms "
+                  f"{s_50:.2%}, at {args.critical_wait * 1e3:g} ms {s_wait:.2%}")
+    cores = os.cpu_count() or 1
+    if busiest > cores:
+        print(f"\nWARNING: load average up to {busiest:.1f} on {cores} cores: other processes "
+              "took CPU from the server and the generator; the figures above measure the "
+              "machine as much as the shedding (see 'server CPU ... of a core')")
     if "adaptive" in results and "none" in results:
         def ratio(a: float, b: float) -> str:
             return f"{a / b:.1f}x" if b else ("same (both 0)" if not a else "inf (none: 0)")
@@ -371,7 +666,7 @@ def main() -> None:
                   f"{ratio(a.success('critical'), n.success('critical'))}, "
                   f"goodput {ratio(a.goodput(), n.goodput())}")
     if args.plot:
-        plot(Path(args.plot), loads, results, capacity)
+        plot(Path(args.plot), loads, results, capacity, floors, base_p99)
         print(f"plot: {args.plot}")
     if args.json:
         Path(args.json).write_text(json.dumps(

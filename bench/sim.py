@@ -13,7 +13,10 @@ virtual time; 800 threads, each request holding one for 0.3 s):
   running blocking code costs over callbacks;
 * ``model``: the sale-night checkout (4 x 200 threads; 0.1 s of work, payment and
   inventory calls through real ``Bulkhead``s, the SMS call through real ``Fallback``,
-  ``CircuitBreaker`` and ``Timeout``), the full ``stormguard.sim`` model.
+  ``CircuitBreaker`` and ``Timeout``), the full ``stormguard.sim`` model;
+* ``inbound``: ``model`` behind the front door (each order from one of 10,000 users,
+  checked against a per-user rule on a real ``RateLimiter``, then a slot of a real
+  tiered ``Shedder``): what the inbound side costs when a scenario uses it.
 
 Prints real and CPU seconds per run (CPU time moves less with the load of a shared
 machine), microseconds of CPU per request, ratios to SimPy, and the model's
@@ -123,6 +126,29 @@ def bench_model(seconds: float, rate: float) -> int:
     return result.series.total("orders:success") + result.series.total("orders:fallback")
 
 
+def bench_inbound(seconds: float, rate: float) -> int:
+    """The ``model`` run behind the front door: every order from one of 10,000 users
+    (uniform) checked against a per-user rule on one shared store, then given a slot of
+    a tiered shedder (a fixed 1,000 slots per instance: it never sheds here). What the
+    inbound side costs per request when a scenario uses it."""
+    data = salenight.scenarios()["bulkhead"]
+    data["duration"] = seconds
+    data["measure"] = {"start": 0, "end": seconds}
+    data["dependencies"]["sms"] = {"latency": "5ms"}
+    data["traffic"][0]["arrival"]["rate"] = rate
+    data["traffic"][0]["keys"] = {"count": 10_000, "user": "user-{i}"}
+    svc = data["services"]["checkout"]
+    svc["endpoints"]["order"]["route"] = "POST /checkout"
+    svc["rate_limit"] = {"rules": [{"name": "per-user", "scope": "user", "limit": 100,
+                                    "window": "1s"}]}
+    svc["load_shedding"] = {"limit": 1000, "priorities": {"POST /checkout*": "critical"}}
+    steps = svc["endpoints"]["order"]["steps"]
+    steps[3]["policies"] = [{"fallback": {}}, {"circuit_breaker": {"window": 20}},
+                            {"timeout": "1s"}]
+    result = run(from_dict(data))
+    return result.series.total("orders:success") + result.series.total("orders:fallback")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=3600.0, help="virtual seconds per run")
@@ -133,7 +159,7 @@ def main() -> None:
           f"{platform.platform()}")
     runs: list[tuple[str, Callable[[float, float], int]]] = [
         ("simpy", bench_simpy), ("engine", bench_engine), ("tasks", bench_tasks),
-        ("model", bench_model)]
+        ("model", bench_model), ("inbound", bench_inbound)]
     times: dict[str, float] = {}
     cpu: dict[str, float] = {}
     print("| run | requests | real s | CPU s | µs/request (CPU) | vs simpy (CPU) |")
@@ -149,6 +175,10 @@ def main() -> None:
     hour, hour_cpu = times["model"] * scale, cpu["model"] * scale
     print(f"\nmodel: one virtual hour at 1,000 requests/s takes {hour:.0f} s of real time "
           f"({hour_cpu:.0f} s of CPU) here; the target is 60 s")
+    extra = (cpu["inbound"] - cpu["model"]) / max(1.0, args.seconds * args.rate) * 1e6
+    print(f"inbound (rate limit + shedder on every order): "
+          f"{cpu['inbound'] / cpu['model']:.2f}x the model's CPU time, {extra:.1f} µs more "
+          "per request")
 
 
 if __name__ == "__main__":

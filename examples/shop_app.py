@@ -3,8 +3,12 @@
 Run it:   SHOP_PROTECTION=adaptive uvicorn examples.shop_app:app --no-access-log
           (SHOP_PROTECTION: "adaptive" (LoadSheddingMiddleware + AdaptiveLimit, the default),
           "fixed" (the middleware with a fixed limit of SHOP_FIXED_LIMIT, one tier), "none";
+          "shed-all" (a calibration: every request is shed);
           SHOP_TOLERANCE, SHOP_LIMIT_MIN: another AdaptiveLimit tolerance, floor;
-          SHOP_SWITCH_INTERVAL: the GIL's)
+          SHOP_LIMIT: the same tiers under a fixed limit; SHOP_CRITICAL_WAIT: the critical
+          tier's queue_timeout (0.25 s); SHOP_SWITCH_INTERVAL: the GIL's (0.001 s);
+          SHOP_TRACE=1: record every request's timings, GET /trace; SHOP_BURNERS=k:
+          k threads burning CPU)
 Load it:  python bench/overload.py
 
 The endpoints are plain ``def`` functions: Starlette runs them in its thread pool, so the
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -43,6 +48,13 @@ PRIORITIES = {
     "/recommendations*": "sheddable", "/analytics*": "sheddable",
 }
 FIXED_LIMIT = 8
+#: a critical request may wait longer for a slot than the others: at 4x the critical work
+#: alone takes 60-70 % of the core, and even an ideal scheduler then starts about 1 % of
+#: the critical requests later than 50 ms after their arrival (bench/overload.py prints
+#: that ceiling)
+QUEUE_TIMEOUT: dict[str, float] = {"critical": 0.25, "degraded": 0.05, "sheddable": 0.05}
+if os.environ.get("SHOP_CRITICAL_WAIT"):
+    QUEUE_TIMEOUT["critical"] = float(os.environ["SHOP_CRITICAL_WAIT"])
 
 
 def burn(seconds: float) -> None:
@@ -58,7 +70,10 @@ def burn(seconds: float) -> None:
 def _sync_routes() -> list[Route]:
     def endpoint(cost: float) -> Callable[[Request], JSONResponse]:
         def handle(request: Request) -> JSONResponse:
+            scope = request.scope
+            scope["trace.run"] = time.monotonic()  # in the worker thread (SHOP_TRACE)
             burn(cost)
+            scope["trace.ran"] = time.monotonic()
             return JSONResponse({"ok": True, "path": request.url.path})
 
         return handle
@@ -89,39 +104,107 @@ def _async_routes(work: Callable[[float], Awaitable[None]]) -> list[Route]:
     return [Route(path, endpoint(cost), methods=["GET", "POST"]) for path, cost in COST.items()]
 
 
+class Trace:
+    """``SHOP_TRACE=1``: the server's side of every request, for bench/overload.py. Per
+    request (``?i=<id>``), on the clock every process shares (CLOCK_MONOTONIC): when the
+    server's event loop handed it to the ASGI app (``arrive``), when it got its slot
+    (the shedding middleware called the shop: ``granted``), when its handler started and
+    finished in the worker thread (``run``, ``ran``), when the shop returned (``done``)
+    and when the last byte of the answer was written (``sent``). ``GET /trace`` answers
+    the rows so far and forgets them."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.rows: list[list[Any]] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] == "/stats":
+            await self.app(scope, receive, send)
+            return
+        if scope["path"] == "/trace":
+            rows, self.rows = self.rows, []
+            await JSONResponse(rows)(scope, receive, send)
+            return
+        arrive = time.monotonic()
+        status = [0, 0.0]
+
+        async def traced(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                status[1] = time.monotonic()
+
+        await self.app(scope, receive, traced)
+        self.rows.append([scope["query_string"].decode()[2:], status[0], arrive,
+                          scope.get("trace.granted"), scope.get("trace.run"),
+                          scope.get("trace.ran"), scope.get("trace.done"), status[1]])
+
+
+def _granted(app: Any) -> Any:
+    async def granted(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        scope["trace.granted"] = time.monotonic()
+        await app(scope, receive, send)
+        scope["trace.done"] = time.monotonic()
+
+    return granted
+
+
 def build_app(protection: str = "adaptive", *, work: Callable[[float], Awaitable[None]] | None
-              = None, fixed_limit: int = FIXED_LIMIT, **options: Any) -> Any:
+              = None, fixed_limit: int = FIXED_LIMIT, trace: bool = False,
+              **options: Any) -> Any:
     """The shop with ``protection`` "adaptive", "fixed" or "none"; ``options`` go to the
     middleware (``clock=``, ``listeners=``, ``queue_timeout=``...)."""
     routes = _sync_routes() if work is None else _async_routes(work)
-    shop = Starlette(routes=[*routes, Route("/healthz", healthz), Route("/stats", stats)])
+    shop: Any = Starlette(routes=[*routes, Route("/healthz", healthz), Route("/stats", stats)])
+    if trace:
+        shop = _granted(shop)
     if protection == "none":
-        return shop
-    if protection == "fixed":  # a plain concurrency limit: no tiers
+        return Trace(shop) if trace else shop
+    if protection == "shed-all":  # a calibration: every request is shed (what a 503 costs)
+        mw = LoadSheddingMiddleware(shop, limit=1, queue_timeout=0, priorities=PRIORITIES,
+                                    exempt=["/healthz", "/stats"], **options)
+        mw.shedder.try_acquire()  # the one slot, taken for good
+    elif protection == "fixed":  # a plain concurrency limit: no tiers
         mw = LoadSheddingMiddleware(shop, limit=fixed_limit, default="critical",
                                     exempt=["/healthz", "/stats"], **options)
     elif protection == "adaptive":
         tolerance = os.environ.get("SHOP_TOLERANCE")  # to try other tolerances and floors
         floor = int(os.environ.get("SHOP_LIMIT_MIN", "1"))
+        fixed = os.environ.get("SHOP_LIMIT")  # the same tiers under a fixed limit
         limit = options.pop("limit", None) or (
-            AdaptiveLimit(min=floor) if not tolerance
+            int(fixed) if fixed else AdaptiveLimit(min=floor) if not tolerance
             else AdaptiveLimit(min=floor, tolerance=float(tolerance)))
+        options.setdefault("queue_timeout", QUEUE_TIMEOUT)
         mw = LoadSheddingMiddleware(shop, priorities=PRIORITIES, default="degraded",
-                                    limit=limit, queue_timeout=0.05,
+                                    limit=limit,
                                     exempt=["/healthz", "/stats"], **options)
     else:
         raise ValueError(f"protection: must be 'adaptive', 'fixed' or 'none', "
                          f"got {protection!r}")
     _protected[:] = [mw]
-    return mw
+    return Trace(mw) if trace else mw
 
 
-# The event loop (which parses every request and answers every 503) takes the GIL from the
-# CPU-bound worker threads at each switch interval, 5 ms by default: SHOP_SWITCH_INTERVAL=
-# 0.001 (what bench/overload.py sets) keeps a shed request from waiting behind the work it
-# protects (docs/overload.md, deployment).
-if os.environ.get("SHOP_SWITCH_INTERVAL"):
-    sys.setswitchinterval(float(os.environ["SHOP_SWITCH_INTERVAL"]))
+def _burner() -> None:
+    while True:
+        burn(1.0)
 
-app = build_app(os.environ.get("SHOP_PROTECTION", "adaptive"),
-                fixed_limit=int(os.environ.get("SHOP_FIXED_LIMIT", FIXED_LIMIT)))
+
+# SHOP_BURNERS=<k>: k threads that burn CPU for ever, as k CPU-bound requests in flight do
+# (bench/overload.py measures what they cost a 503: the GIL hand-offs)
+for _ in range(int(os.environ.get("SHOP_BURNERS", "0"))):
+    threading.Thread(target=_burner, daemon=True).start()
+
+# The event loop (which parses every request and answers every 503) waits for the GIL
+# while the CPU-bound worker threads hold it, up to one switch interval (CPython: 5 ms) per
+# busy thread: the middleware's switch_interval=0.001 shortens that (docs/overload.md,
+# deployment). It is the interpreter's setting: the unprotected shop gets it too, so the
+# configurations are compared under the same interpreter.
+SWITCH_INTERVAL = float(os.environ.get("SHOP_SWITCH_INTERVAL", "0.001"))
+_protection = os.environ.get("SHOP_PROTECTION", "adaptive")
+if _protection == "none":
+    sys.setswitchinterval(SWITCH_INTERVAL)
+app = build_app(_protection, fixed_limit=int(os.environ.get("SHOP_FIXED_LIMIT", FIXED_LIMIT)),
+                trace=os.environ.get("SHOP_TRACE") == "1",
+                **({} if _protection == "none" else {"switch_interval": SWITCH_INTERVAL}))

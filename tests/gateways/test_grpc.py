@@ -134,6 +134,40 @@ def test_grpc_and_http_share_the_store_and_rules(serve: Callable[..., Serve]) ->
 
 
 @pytest.mark.slow
+def test_grpc_denials_feed_the_top_limited_keys(serve: Callable[..., Serve]) -> None:
+    """``GET /v1/top`` counts what gRPC denies as it counts ``/v1/check`` denials: by store
+    key and rule name; a user denied over both protocols is one key of the sketch."""
+    s = serve("--envoy-config", str(CONFIGS))
+    st = stub(s)
+    alice = descriptor(("user", "alice"))
+    assert [httpx.post(f"{s.base}/v1/check", json={"user": "alice"}).json()["allowed"]
+            for _ in range(2)] == [True, True]
+    assert [ask(st, "stormguard", alice).overall_code for _ in range(3)] == [OK, OVER, OVER]
+    assert httpx.post(f"{s.base}/v1/check", json={"user": "alice"}).json()["allowed"] is False
+    bar = descriptor(("source_cluster", "proxy"), ("destination_cluster", "bar"))
+    assert [ask(st, "rl", bar).overall_code for _ in range(13)] == [OK] * 10 + [OVER] * 3
+    banned = descriptor(("remote_address", "50.0.0.5"))  # requests_per_unit 0
+    assert [ask(st, "edge_proxy_per_ip", banned).overall_code for _ in range(2)] == [OVER] * 2
+    marketing = descriptor(("message_type", "marketing"), ("to_number", "1"))
+    assert [ask(st, "shadow_messaging", marketing).overall_code
+            for _ in range(7)] == [OK] * 7  # shadow: two would have been denied
+    # a request denied by one limit: its other limits were only peeked, not counted
+    both = [descriptor(("source_cluster", "proxy"), ("destination_cluster", "foo")), bar]
+    assert ask(st, "rl", *both).overall_code == OVER
+    top = httpx.get(f"{s.base}/v1/top", params={"n": 10}).json()
+    assert [(k["key"], k["count"], k["rules"]) for k in top["keys"]] == [
+        ("envoy:rl:source_cluster:proxy:destination_cluster:bar", 4,
+         ["rl.source_cluster_proxy.destination_cluster_bar"]),
+        ("user:alice", 3, ["per-user"]),
+        ("envoy:edge_proxy_per_ip:remote_address:50.0.0.5", 2,
+         ["edge_proxy_per_ip.remote_address_50.0.0.5"]),
+        ("envoy:shadow_messaging:message_type:marketing:to_number:1", 2,
+         ["shadow_messaging.message_type_marketing.to_number"]),
+    ]
+    assert top["denials"] == 4 + 3 + 2 + 2
+
+
+@pytest.mark.slow
 def test_concurrent_streams_over_redis_admit_exactly_the_limit(
         serve: Callable[..., Serve]) -> None:
     """16 threads on 2 channels to each of 2 service processes over one Redis, 200 calls

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import random
+import runpy
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,7 @@ class Result:
     latencies: dict[str, list[float]] = field(default_factory=dict)   # 200s, per tier
     shed: dict[str, list[float]] = field(default_factory=dict)        # 503s, per tier
     sent: dict[str, int] = field(default_factory=dict)
+    arrivals: list[tuple[float, str, str]] = field(default_factory=list)  # counted: t, tier, path
 
     def success(self, tier: str) -> float:
         ok = sum(1 for t in self.latencies.get(tier, []) if t <= CLIENT_TIMEOUT)
@@ -113,6 +115,7 @@ def simulate(protection: str, load: float, *, duration: float = 4.0, seed: int =
             for i in range(int(rate * duration)):
                 method, path, tier, _ = rng.choices(MIX, weights)[0]
                 result.sent[tier] = result.sent.get(tier, 0) + 1
+                result.arrivals.append((i / rate, tier, path))
                 await asyncio.sleep(max(0.0, t0 + i / rate - clock.monotonic()))
                 tasks.append(asyncio.create_task(one(method, path, tier)))
             await asyncio.gather(*tasks)
@@ -123,13 +126,16 @@ def simulate(protection: str, load: float, *, duration: float = 4.0, seed: int =
 
 
 def main() -> None:
-    """``python -m tests.overload.shop_sim``: the table in docs/performance.md."""
+    """``python -m tests.overload.shop_sim``: the table in docs/performance.md (floor: the
+    critical p99 of an ideal scheduler on the same arrivals, bench/overload.py's
+    ``ideal``)."""
     tiers = ("critical", "degraded", "sheddable")
     base = simulate("adaptive", 0.25, warm_load=0.25).p99("critical")
     print(f"virtual time, one core in 5 ms slices; capacity {1 / mean_cost():.1f} req/s; "
           f"unloaded critical p99 {base * 1000:.1f} ms")
+    ideal = runpy.run_path(str(ROOT / "bench" / "overload.py"))["ideal"]
     print("config    load seed | success: critical degraded sheddable | crit p99 | "
-          "late 503 | goodput")
+          "floor | late 503 | goodput")
     for protection in ("adaptive", "none"):
         for load in (1.0, 2.0, 4.0):
             for seed in (1, 2, 3, 4):
@@ -138,7 +144,9 @@ def main() -> None:
                 late_share = late / sum(r.sent.values())
                 print(f"{protection:<9} {load:>3g}x {seed:>4} | "
                       + " ".join(f"{r.success(t):>8.2%}" for t in tiers)
-                      + f" | {r.p99('critical') / base:>6.1f}x | {late_share:>7.1%}"
+                      + f" | {r.p99('critical') / base:>6.1f}x"
+                      + f" | {ideal(r.arrivals, shop_module().COST, 0.0, False)[0] / base:>4.1f}x"
+                      + f" | {late_share:>7.1%}"
                       + f" | {r.goodput() * mean_cost():>6.0%}")
 
 

@@ -14,13 +14,18 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_overload_bench_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                              capsys: pytest.CaptureFixture[str]) -> None:
-    # real time: two short uvicorn processes (the unloaded point and one load point)
+    # real time: short uvicorn processes (the calibration, the GIL table at one switch
+    # interval, the unloaded point and one load point)
     monkeypatch.setattr(sys, "argv", [
         "overload.py", "--configs", "adaptive", "--loads", "2", "--duration", "0.5",
         "--warmup", "0.3", "--capacity", "40", "--plot", str(tmp_path / "o.png"),
-        "--json", str(tmp_path / "o.json")])
+        "--json", str(tmp_path / "o.json"), "--gil", "0.001"])
     runpy.run_path(str(ROOT / "bench" / "overload.py"), run_name="__main__")
     out = capsys.readouterr().out
     assert "LoadShedding + AdaptiveLimit" in out
+    assert "a shed 503" in out  # the server's CPU per request, measured
+    assert "4 busy" in out  # the GIL hand-off table, one switch interval
+    assert "where the time goes" in out
+    assert "measured / floor" in out  # the physical limit beside the measured figure
     assert (tmp_path / "o.png").stat().st_size > 1000
     assert '"adaptive"' in (tmp_path / "o.json").read_text()

@@ -87,6 +87,40 @@ def test_finds_the_capacity_of_a_server_and_stays_there() -> None:
     assert max(tail) <= 16 * limit.tolerance, tail  # latency at most 2x the no-load one
 
 
+def test_requests_that_share_one_core_step_down_to_running_alone() -> None:
+    """CPU-bound work on one core (one GIL): two requests at once take twice as long each,
+    no more throughput. A ratio of 2 is within the tolerance, but it grew with the
+    concurrency: the limit steps down to 1 (and tries 2 again once in 11 windows: at 1
+    there is no evidence that 2 would not be better)."""
+    limit = AdaptiveLimit(initial=8)
+    for i in range(20):  # the no-load latency, learnt alone
+        limit.sample(0.01, i * 0.01, 1)
+    one_core = lambda c: 0.01 * c  # noqa: E731 - every request in flight shares the core
+    now = drive(limit, one_core, windows=30, now=1.0)
+    seen = []
+    for _ in range(60):
+        now = drive(limit, one_core, windows=1, now=now)
+        seen.append(limit.limit)
+    assert max(seen) <= 2, seen
+    assert seen.count(1) >= 0.8 * len(seen), seen
+    assert seen.count(2) >= 3, seen  # it does try again
+
+
+def test_parallel_work_is_not_taken_for_a_shared_core() -> None:
+    """Two cores: latency doubles only past 2 in flight, less than in proportion to the
+    concurrency; the limit stays where both cores are used."""
+    limit = AdaptiveLimit(initial=8)
+    for i in range(20):
+        limit.sample(0.01, i * 0.01, 1)
+    now = drive(limit, server(capacity=2), windows=30, now=1.0)
+    seen = []
+    for _ in range(60):
+        now = drive(limit, server(capacity=2), windows=1, now=now)
+        seen.append(limit.limit)
+    assert min(seen) >= 2, seen
+    assert max(seen) <= 4, seen  # latency at most 2x the no-load one
+
+
 def test_per_key_baselines_tell_a_slow_route_from_a_queue() -> None:
     """A 20 ms checkout beside a 5 ms cart is not queueing: each is compared with its
     own no-load minimum."""

@@ -100,6 +100,9 @@ def test_callable_first_then_trusted_header_then_patterns() -> None:
     ({"limit": -3}, "limit"),
     ({"queue_timeout": "soon"}, "queue_timeout"),
     ({"shedder": object()}, "shedder"),
+    ({"switch_interval": 0}, "switch_interval"),
+    ({"switch_interval": "fast"}, "switch_interval"),
+    ({"queue_timeout": {"vip": 1.0}}, "queue_timeout"),
 ])
 def test_bad_options_name_the_field(kwargs: dict[str, Any], field: str) -> None:
     for cls in (LoadSheddingMiddleware, WSGILoadSheddingMiddleware):
@@ -201,6 +204,20 @@ def test_shedding_costs_under_50_microseconds() -> None:
     times = sorted(asyncio.run(main()))
     assert times[len(times) // 2] < 50e-6, times[len(times) // 2]
     assert mw.stats()["shed"]["sheddable"] == 2000
+
+
+def test_switch_interval_is_opt_in_and_set_for_the_whole_interpreter() -> None:
+    before = sys.getswitchinterval()
+    try:
+        for cls in (LoadSheddingMiddleware, WSGILoadSheddingMiddleware):
+            sys.setswitchinterval(0.005)
+            cls(App())  # type: ignore[arg-type]
+            assert sys.getswitchinterval() == 0.005  # not asked: left alone
+            mw = cls(App(), switch_interval="0.5ms")  # type: ignore[arg-type]
+            assert mw.switch_interval == 0.0005
+            assert sys.getswitchinterval() == pytest.approx(0.0005)
+    finally:
+        sys.setswitchinterval(before)
 
 
 # -- WSGI -------------------------------------------------------------------------------------

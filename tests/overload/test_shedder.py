@@ -57,6 +57,8 @@ def test_configured_shares() -> None:
     ({"shares": {"degraded": 1.5}}, "degraded"),
     ({"shares": [0.5]}, "shares"),
     ({"queue_timeout": -1}, "queue_timeout"),
+    ({"queue_timeout": {"urgent": 0.5}}, "queue_timeout"),
+    ({"queue_timeout": {"critical": -0.5}}, r"queue_timeout\['critical'\]"),
     ({"limit": 0}, "limit"),
     ({"limit": "20"}, "limit"),
     ({"max_queue": -1}, "max_queue"),
@@ -97,6 +99,40 @@ def test_a_waiter_gets_the_freed_slot_within_its_wait_else_it_is_shed() -> None:
     assert late.reason == "queue_timeout"
     assert waited_late == pytest.approx(0.05)
     assert s.stats()["waiting"] == 0
+
+
+def test_each_tier_waits_its_own_queue_timeout() -> None:
+    clock = FakeClock()
+    s = Shedder(1, queue_timeout={"critical": 0.25, "sheddable": "10ms"}, clock=clock)
+    assert s.queue_timeouts == {"critical": 0.25, "degraded": 0.05, "sheddable": 0.01}
+    assert s.queue_timeout == 0.25  # the longest any request may wait
+
+    async def waited(tier: int) -> tuple[float, object]:
+        t0 = clock.monotonic()
+        got = await s.acquire_async(tier)
+        return clock.monotonic() - t0, got
+
+    async def main() -> list[tuple[float, object]]:
+        held = s.try_acquire(CRITICAL)
+        assert isinstance(held, Ticket)
+        return await asyncio.gather(waited(CRITICAL), waited(DEGRADED), waited(SHEDDABLE))
+
+    outcomes = clock.run(main())
+    # the sheddable one may be shed at once (it would wait in vain), never after 10 ms
+    for (took, got), most in zip(outcomes, (0.25, 0.05, 0.01), strict=True):
+        assert isinstance(got, Shed)
+        assert took <= most + 1e-9
+    assert outcomes[0][0] == pytest.approx(0.25)
+    assert outcomes[1][0] == pytest.approx(0.05)
+
+    clock2 = FakeClock()
+    s2 = Shedder(1, queue_timeout={"degraded": 0.0}, clock=clock2)
+    s2.try_acquire(CRITICAL)
+    t0 = clock2.monotonic()
+    shed = s2.acquire_blocking(DEGRADED)
+    assert isinstance(shed, Shed)
+    assert shed.reason == "capacity"  # a zero wait: shed at once, never queued
+    assert clock2.monotonic() == t0
 
 
 def test_freed_slots_go_to_the_most_important_waiter_its_cap_allowing() -> None:

@@ -214,9 +214,14 @@ def test_more_threads_than_connections_is_back_pressure(server: RedisServer,
     MaxConnectionsError used to count as a backend failure: 97.9% of decisions degraded
     at 100 threads, the breaker tripping all the time. Now a thread waits for a free
     connection (bounded by the timeout), first come first served. Real threads against
-    a real server; the timeout is 0.2 s rather than the default 50 ms because 200 threads
-    share 2 loaded cores with the server (bench/redis_failures.py measures the default)."""
-    store = RedisStore.from_url(server.url, timeout=0.2)
+    a real server. The timeout (which bounds the wait for a connection and the reply) is
+    2 s rather than the default 50 ms: 200 threads share 2 cores with the server, and at
+    load 18 a 0.2 s timeout saw both waits for a connection past it (PoolFull, 39-148 of
+    4,000 checks) and replies read late enough to time out and open the breaker, checks
+    taking up to 3 s for want of the CPU; at 2 s none. The defect did not depend on the
+    timeout: the pool refused the 65th concurrent caller at once
+    (bench/redis_failures.py measures the default)."""
+    store = RedisStore.from_url(server.url, timeout=2.0)
     degraded, total = _hammer(store, threads, 4000 // threads)
     assert degraded / total < 0.001, f"{degraded} of {total} degraded"
     assert store.breaker.opened == 0
@@ -232,38 +237,86 @@ def _master_of(cluster: RedisCluster, store: RedisClusterStore, key: str) -> int
     return cluster.nodes[min(slot // per, len(cluster.nodes) - 1)].port
 
 
-def _wait_for_fail(cluster: RedisCluster, dead: RedisServer, limit: float = 20.0) -> None:
-    """Wait until the surviving masters have marked ``dead`` as failed (node timeout 2 s,
-    then a majority agreeing): only then does a cluster answer CLUSTERDOWN."""
+def _node_view(node: RedisServer, dead: RedisServer) -> tuple[bool, str]:
+    """(whether ``node`` has flagged ``dead`` as failed, its own cluster_state)."""
+    with node.client() as c:
+        nodes = c.execute_command("CLUSTER", "NODES")
+        info = c.execute_command("CLUSTER", "INFO")
+    text = nodes.decode() if isinstance(nodes, bytes) else str(nodes)
+    flagged = any(f":{dead.port}@" in line and " fail " in f" {line} ".replace(",", " ")
+                  for line in text.splitlines())
+    info_text = info.decode() if isinstance(info, bytes) else str(info)
+    state = next((line.split(":", 1)[1].strip() for line in info_text.splitlines()
+                  if line.startswith("cluster_state:")), "")
+    return flagged, state
+
+
+def _wait_for_fail(cluster: RedisCluster, dead: RedisServer, state: str,
+                   limit: float = 20.0) -> None:
+    """Wait until *every* surviving master has marked ``dead`` as failed (node timeout,
+    then a majority agreeing) and reports ``cluster_state`` ``state``. One master seeing
+    it is not enough: the others learn it from that master's FAIL message, which on a
+    loaded machine they may read after the test's first checks, and answer those."""
     end = time.monotonic() + limit
     alive = [n for n in cluster.nodes if n is not dead]
     while time.monotonic() < end:
-        with alive[0].client() as c:
-            nodes = c.execute_command("CLUSTER", "NODES")
-        text = nodes.decode() if isinstance(nodes, bytes) else str(nodes)
-        if any(f":{dead.port}@" in line and " fail " in f" {line} ".replace(",", " ")
-               for line in text.splitlines()):
+        if all(_node_view(n, dead) == (True, state) for n in alive):
             return
         time.sleep(0.05)  # real time: real cluster nodes gossip the failure
-    raise AssertionError("the cluster never marked the dead master as failed")
+    raise AssertionError(f"the surviving masters never all marked the dead master as "
+                         f"failed with cluster_state {state}: "
+                         f"{[_node_view(n, dead) for n in alive]}")
+
+
+class _OffRunQueue:
+    """Wall-clock seconds the calling thread spent *not* waiting on the kernel's run queue
+    (Linux ``/proc/self/task/<tid>/schedstat``): a check's own waits (a sleep, a socket)
+    count, the time a loaded machine kept the ready thread off a core does not. Where the
+    kernel does not say, plain wall-clock time."""
+
+    def __init__(self) -> None:
+        self.path = f"/proc/self/task/{threading.get_native_id()}/schedstat"
+        try:
+            self._queued()
+        except (OSError, ValueError, IndexError):
+            self.path = ""
+
+    def _queued(self) -> float:
+        if not self.path:
+            return 0.0
+        with open(self.path, encoding="ascii") as f:
+            return int(f.read().split()[1]) / 1e9
+
+    def start(self) -> tuple[float, float]:
+        return time.perf_counter(), self._queued()
+
+    def since(self, mark: tuple[float, float]) -> float:
+        return (time.perf_counter() - mark[0]) - (self._queued() - mark[1])
 
 
 @pytest.mark.parametrize("full_coverage", ["yes", "no"])
 def test_a_failover_does_not_stall_checks_on_healthy_masters(full_coverage: str) -> None:
     """Defect 6: with one master dead and the cluster aware of it, checks on keys of the
     healthy masters used to block 264-316 ms against a 50 ms timeout (redis-py's cluster
-    client sleeps 0.25 s on CLUSTERDOWN). Every check now answers within about one
-    timeout. With ``cluster-require-full-coverage yes`` (Redis's default) the healthy
-    masters answer CLUSTERDOWN too, so their checks are degraded; with ``no`` they keep
-    serving. This test needs real time: the cluster detects the failure on its own clock
-    (cluster-node-timeout), and the bound measured is the wall-clock wait of a check."""
+    client sleeps 0.25 s on CLUSTERDOWN). Every check now answers at once, whatever
+    the timeout. With ``cluster-require-full-coverage yes`` (Redis's default) the
+    healthy masters answer CLUSTERDOWN too, so their checks are degraded; with ``no``
+    they keep serving. This test needs real time: the cluster detects the failure on its
+    own clock (cluster-node-timeout), and the bound measured is the wall-clock wait of a
+    check, less the time its thread waited for a core.
+
+    The store's timeout is 1 s, not the default 50 ms: at load 18-21 a healthy master's
+    reply, or a new store's connection and slot map, took more than 50 ms now and then,
+    so a check the test expects served was answered degraded (1 of 138; 46 of 46 on the
+    asyncio path), before and after the failure alike. The bounds below do not depend on
+    the timeout, and a stall that waited for one would now show as a full second."""
     cluster = start_cluster(3)  # its own cluster: this test kills a node
     try:
         for node in cluster.nodes:
             with node.client() as c:
                 c.config_set("cluster-require-full-coverage", full_coverage)
                 c.config_set("cluster-node-timeout", 500)  # notice the death sooner
-        timeout = 0.05
+        timeout = 1.0
         store = RedisClusterStore.from_url(cluster.url, timeout=timeout)
         limiter = RateLimiter(store, on_error="allow")
         keys = [f"user:{i}" for i in range(60)]
@@ -271,18 +324,20 @@ def test_a_failover_does_not_stall_checks_on_healthy_masters(full_coverage: str)
         dead = cluster.nodes[1]
         healthy = [k for k in keys if _master_of(cluster, store, k) != dead.port]
         dead.stop()
-        _wait_for_fail(cluster, dead)
+        _wait_for_fail(cluster, dead, "fail" if full_coverage == "yes" else "ok")
+        clock = _OffRunQueue()
         took, degraded = [], 0
         for k in healthy * 3:
-            t = time.perf_counter()
+            mark = clock.start()
             d = limiter.hit(k, RULE)
-            took.append(time.perf_counter() - t)
+            took.append(clock.since(mark))
             degraded += d.degraded
         took.sort()
-        # a loaded 2-core machine preempts a call now and then: the median answers at once,
-        # the slowest within the timeout plus scheduling noise, far from 250 ms
-        assert took[len(took) // 2] < timeout
-        assert took[-1] < timeout + 0.1
+        # the median answers at once; the slowest within the servers' and the GIL's
+        # noise, far from 250 ms (time on the run queue, which a loaded 2-core machine
+        # stretches to 100 ms and more, is not the check's own)
+        assert took[len(took) // 2] < 0.05
+        assert took[-1] < 0.15
         if full_coverage == "yes":
             assert degraded == len(took)  # CLUSTERDOWN from the healthy masters too
         else:
@@ -291,14 +346,14 @@ def test_a_failover_does_not_stall_checks_on_healthy_masters(full_coverage: str)
         async def concurrently() -> tuple[float, int]:  # the asyncio path, all at once
             alimiter = AsyncRateLimiter(RedisClusterStore.from_url(cluster.url,
                                                                    timeout=timeout))
-            t = time.perf_counter()
+            mark = clock.start()  # the loop runs on this thread
             ds = await asyncio.gather(*[alimiter.hit(k, RULE) for k in healthy])
-            took = time.perf_counter() - t
+            took = clock.since(mark)
             await alimiter.aclose()
             return took, sum(d.degraded for d in ds)
 
         took_all, adegraded = asyncio.run(concurrently())
-        assert took_all < 2 * timeout + 0.2  # slot map + one pipelined round trip each
+        assert took_all < 0.3  # connect, slot map, one pipelined round trip per master
         assert adegraded == (len(healthy) if full_coverage == "yes" else 0)
         limiter.close()
     finally:

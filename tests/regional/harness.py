@@ -16,8 +16,20 @@ REGIONS = ("us", "eu", "ap")
 
 class Regions:
     def __init__(self, stores: dict[str, RegionalStore], clock: FakeClock, rule: Rule,
-                 *, steps: int = 10, interval: float = 1.0, parallel: bool = False) -> None:
+                 *, steps: int = 10, interval: float = 1.0, parallel: bool = False,
+                 hurry: bool = True, order: tuple[str, ...] | None = None,
+                 after_round: Callable[[], None] | None = None) -> None:
+        """``hurry``: every store takes its ``half_sync()`` step half-way through each
+        interval and polls (``poll()``) about a quarter before and after it, as the
+        background sync does; ``order``: the order of
+        the syncs at the same instant (the stores' order by default); ``after_round``:
+        called after each round of syncs (a test's boards deliver the reports then:
+        every region syncing at the same instant reads the reports of the round
+        before)."""
         self.parallel = parallel
+        self.hurry = hurry
+        self.order = order
+        self.after_round = after_round
         self.stores = stores
         self.clock = clock
         self.rule = rule
@@ -37,6 +49,14 @@ class Regions:
         """Spread ``offered[r]`` checks per region over one interval, then sync."""
         step = self.interval / self.steps
         for i in range(self.steps):
+            if self.hurry and i in (self.steps // 4, self.steps // 2, 3 * self.steps // 4):
+                for s in self._ordered():
+                    if i == self.steps // 2:
+                        s.half_sync()
+                    else:
+                        s.poll()
+                if self.after_round is not None:
+                    self.after_round()
             self.clock.advance(step)
             w = self.window()
             for r, n in offered.items():
@@ -50,10 +70,16 @@ class Regions:
                         self.admitted[w][r] += 1
         self.sync_all(self.parallel)
 
+    def _ordered(self) -> list[RegionalStore]:
+        names = self.order or tuple(self.stores)
+        return [self.stores[r] for r in names]
+
     def sync_all(self, parallel: bool = False) -> None:
         if not parallel:
-            for s in self.stores.values():
+            for s in self._ordered():
                 s.sync()
+            if self.after_round is not None:
+                self.after_round()
             return
         threads = [threading.Thread(target=s.sync) for s in self.stores.values()]
         for t in threads:

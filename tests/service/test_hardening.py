@@ -323,23 +323,29 @@ async def test_max_rules_fit_in_an_admin_write(clock: FakeClock) -> None:
 async def test_a_large_admin_write_does_not_stall_the_checks(tmp_path: Path,
                                                              clock: FakeClock) -> None:
     """Validating and writing thousands of rules takes seconds of CPU (YAML): it runs in
-    a thread, so the loop keeps answering. Measures the longest gap between two turns of
-    another task with perf_counter (no sleeping)."""
+    a thread, so the loop keeps answering. Measured as the CPU time the loop's thread
+    spends between two turns of another task (``time.thread_time``): work done on the
+    loop shows there whatever the machine's load, while the wall-clock gap also holds
+    the waits for the GIL and for a core, which a loaded machine stretches to a second
+    and more even though the loop runs nothing long (no sleeping either way)."""
     path = tmp_path / "rules.yaml"
     app = create_app(AsyncRateLimiter(MemoryStore(clock=clock)), [], rules_path=path,
                      admin_token=TOKEN, poll_interval=0)
     rules = [{"name": f"r{i}", "scope": "user", "endpoint": f"GET /p/{i}*", "limit": 5,
               "window": 60} for i in range(3000)]
     gaps = [0.0]
+    turns = 0
     done = False
 
     async def other_request() -> None:
-        last = time.perf_counter()
+        nonlocal turns
+        last = time.thread_time()
         while not done:
             await asyncio.sleep(0)
-            now = time.perf_counter()
+            now = time.thread_time()
             gaps.append(now - last)
             last = now
+            turns += 1
 
     async with _client(app) as c:
         task = asyncio.create_task(other_request())
@@ -349,7 +355,10 @@ async def test_a_large_admin_write_does_not_stall_the_checks(tmp_path: Path,
         await task
     assert r.status_code == 200
     assert len(RuleSet.load(path)) == 3000
-    assert max(gaps) < 0.5, max(gaps)
+    # on the loop the write is one turn of about a second of CPU (0.85 s measured); in
+    # its thread the longest turn is the request's and the answer's JSON (about 10 ms)
+    assert max(gaps) < 0.1, max(gaps)
+    assert turns > 10  # the other task kept turning all along
 
 
 # -- defect 8: the rules file keeps its mode and owner; no temporary files left ----------

@@ -19,9 +19,14 @@ def test_sim_benchmark_runs(monkeypatch: pytest.MonkeyPatch,
     runpy.run_path(str(path), run_name="__main__")
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
-    assert [r.split("|")[1].strip() for r in rows[1:]] == ["simpy", "engine", "tasks", "model"]
-    # the four runs served the same Poisson arrivals (the model's own seed differs)
+    assert [r.split("|")[1].strip() for r in rows[1:]] == ["simpy", "engine", "tasks", "model",
+                                                            "inbound"]
+    # the runs served the same Poisson arrivals (the model's own seed differs)
     counts = [int(r.split("|")[2].strip().replace(",", "")) for r in rows[1:]]
     assert counts[0] == counts[1] == counts[2]
     assert abs(counts[3] - counts[0]) < 0.1 * counts[0]
+    # behind the front door nothing is refused (100/s per user, 1,000 slots): every order
+    # is served, as in the model
+    assert counts[4] == counts[3]
     assert "one virtual hour" in out
+    assert "inbound (rate limit + shedder on every order)" in out

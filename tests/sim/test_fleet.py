@@ -16,7 +16,7 @@ SMALL = ["--rate", "100000", "--seconds", "1"]
 
 
 def test_fleet_is_a_builtin() -> None:
-    assert BUILTIN["fleet"] == "stormguard.sim.fleet:report"
+    assert BUILTIN["fleet"] == "stormguard.sim.regions:fleet_report"  # the fleet, its regions
 
 
 def test_the_help_names_fleet_and_its_options(capsys: pytest.CaptureFixture[str]) -> None:

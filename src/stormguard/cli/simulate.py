@@ -26,7 +26,7 @@ __all__ = ["BUILTIN", "add_parser", "run"]
 #: (imported only when asked for). Another simulation on the same engine adds its line.
 BUILTIN: dict[str, str] = {
     "sale-night": "stormguard.sim.salenight:report",
-    "fleet": "stormguard.sim.fleet:report",
+    "fleet": "stormguard.sim.regions:fleet_report",  # the fleet, then its three regions
 }
 
 #: Options a built-in may take: its ``report`` function's keyword argument of the same
@@ -44,6 +44,8 @@ OPTIONS: dict[str, tuple[type, str]] = {
                        "first; 1: one unit per key, server and window admitted first)"),
     "node_ops": (float, "script runs per second one Redis node sustains (fleet: 117000)"),
     "seed": (int, "the seed of the random draws (fleet: 7)"),
+    "regions": (bool, "fleet: also run its 3 regions under one global limit (centralised, "
+                "static and demand split; on by default, --no-regions leaves them out)"),
 }
 
 
@@ -69,6 +71,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         flag = "--" + name.replace("_", "-")
         if name == "balance":
             group.add_argument(flag, choices=("random", "sticky"), default=None, help=text)
+        elif kind is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+                               help=text)
         else:
             group.add_argument(flag, type=kind, default=None, metavar=name.upper(), help=text)
     return p

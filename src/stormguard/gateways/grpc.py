@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from stormguard._core.errors import ConfigError
+from stormguard.observability.topk import SpaceSaving
 from stormguard.service.metrics import Metrics
 
 from .rls import EnvoyChecker, EnvoyResult
@@ -94,19 +95,28 @@ class _Servicer(rls_pb2_grpc.RateLimitServiceServicer):  # type: ignore[misc]
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)[:500])
         if s.metrics is not None:
             s.metrics.record(s.checker.check_result(result), time.perf_counter() - t0)
+        if s.top is not None:
+            for key, rule in result.denials:
+                s.top.add(key, rule)
         return to_response(result, s.headers)
 
 
 class RateLimitServer:
-    """The gRPC server, started and stopped with the app (a service companion)."""
+    """The gRPC server, started and stopped with the app (a service companion).
+
+    ``metrics``: the service's metrics (the checks counted as ``POST /v1/check`` counts
+    them); ``top``: the service's most-denied keys (``GET /v1/top``), fed each request's
+    denials (:attr:`EnvoyResult.denials`)."""
 
     def __init__(self, checker: EnvoyChecker, port: int, host: str = "127.0.0.1", *,
-                 headers: bool = False, metrics: Metrics | None = None) -> None:
+                 headers: bool = False, metrics: Metrics | None = None,
+                 top: SpaceSaving | None = None) -> None:
         self.checker = checker
         self.host = host
         self.port = port
         self.headers = headers
         self.metrics = metrics
+        self.top = top
         self.bound_port: int | None = None
         self._server: Any = None
         self.health: Any = None

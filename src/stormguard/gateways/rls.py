@@ -88,6 +88,10 @@ class EnvoyResult:
     decision: Decision | None = None
     """The binding decision (the denying one, else the one with the least remaining)."""
     degraded: bool = False
+    denials: list[tuple[str, str]] = field(default_factory=list)
+    """``(store key, rule name)`` of each counter that denied the request, and of each
+    shadow limit that would have (only when the request was otherwise answered OK), as
+    ``POST /v1/check`` feeds the service's most-denied keys (``GET /v1/top``)."""
 
     def headers(self) -> dict[str, str]:
         """The RateLimit headers of the binding decision (and ``Retry-After`` when over
@@ -232,6 +236,7 @@ class EnvoyChecker:
             statuses.append(DescriptorStatus(OK, lim, kind="ok"))
             _add(items, i, key, lim.rule, cost, lim.shadow)
         result = await self._run(items, statuses)
+        result.denials[:0] = _blocked(domain, descriptors, statuses)
         for st in statuses:
             kind = st.kind
             if kind == "over_limit" and st.limit is not None and st.limit.shadow:
@@ -307,6 +312,7 @@ class EnvoyChecker:
         shadows = [it for it in items if it.shadow]
         degraded = False
         denied: Decision | None = None
+        denials: list[tuple[str, str]] = []
         blocked = any(st.code == OVER_LIMIT for st in statuses)
         decisions: dict[int, Decision] = {}
         # all or nothing: peek every enforced limit but the first, then charge in order
@@ -317,6 +323,7 @@ class EnvoyChecker:
             decisions[id(it)] = d
             if not d.allowed:
                 denied = d
+                denials.append(_denial(it))
                 break
         if denied is None and not blocked:
             for it in enforced:
@@ -325,12 +332,15 @@ class EnvoyChecker:
                 decisions[id(it)] = d
                 if not d.allowed:
                     denied = d
+                    denials.append(_denial(it))
                     break
         charge_shadows = denied is None and not blocked
         for it in shadows:
             d = await self._call(charge_shadows, it)
             degraded = degraded or d.degraded
             decisions[id(it)] = d
+            if charge_shadows and not d.allowed:  # a denied request: its shadows only peek
+                denials.append(_denial(it))
         binding = self._statuses(items, statuses, decisions)
         if denied is not None:
             binding = denied
@@ -339,7 +349,7 @@ class EnvoyChecker:
             binding = next((d for d in shadow_ds if not d.allowed),
                            shadow_ds[0] if shadow_ds else None)
         code = OVER_LIMIT if any(st.code == OVER_LIMIT for st in statuses) else OK
-        return EnvoyResult(code, statuses, binding, degraded)
+        return EnvoyResult(code, statuses, binding, degraded, denials)
 
     @staticmethod
     def _statuses(items: list[_Item], statuses: list[DescriptorStatus],
@@ -364,6 +374,19 @@ class EnvoyChecker:
         d = result.decision
         shadow = d is not None and result.code == OK and not d.allowed
         return CheckResult(result.code == OK, d, shadow, [], result.degraded, [])
+
+
+def _blocked(domain: str, descriptors: Sequence[tuple[Sequence[tuple[str, str]], int]],
+             statuses: list[DescriptorStatus]) -> list[tuple[str, str]]:
+    """The denials of the limits of ``requests_per_unit: 0`` (no counter, always over)."""
+    return [(counter_key(domain, entries), st.limit.name or st.limit.path)
+            for st, (entries, _) in zip(statuses, descriptors, strict=True)
+            if st.limit is not None and st.limit.blocked]
+
+
+def _denial(item: _Item) -> tuple[str, str]:
+    """The key and rule label a denial is counted under (as ``POST /v1/check`` does)."""
+    return item.key, item.rule.name or "(inline)"
 
 
 def _status(st: DescriptorStatus, d: Decision, shadow: bool) -> None:

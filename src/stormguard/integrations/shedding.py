@@ -12,6 +12,7 @@ import fnmatch
 import json
 import math
 import re
+import sys
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, MutableMapping
 from typing import Any
 
@@ -119,10 +120,15 @@ class _Base:
     def __init__(self, *, priorities: Mapping[str, str] | None, default: str,
                  priority: Callable[[Any], str | None] | None, priority_header: str | None,
                  trusted_proxies: Iterable[str], limit: AdaptiveLimit | int | None,
-                 queue_timeout: float, shares: Mapping[str, float] | None,
+                 queue_timeout: float | Mapping[str, float], shares: Mapping[str, float] | None,
                  exempt: Iterable[str], retry_after: float, codel_target: float,
                  codel_interval: float, max_queue: int, name: str, clock: Clock | None,
-                 listeners: Iterable[Listener], shedder: Shedder | None) -> None:
+                 listeners: Iterable[Listener], shedder: Shedder | None,
+                 switch_interval: float | None) -> None:
+        self.switch_interval = (None if switch_interval is None
+                                else validate.duration("switch_interval", switch_interval))
+        if self.switch_interval is not None:  # opt-in: the whole interpreter's setting
+            sys.setswitchinterval(self.switch_interval)
         self.priorities = Priorities(priorities, default, priority, priority_header,
                                      trusted_proxies)
         if shedder is not None:
@@ -158,23 +164,30 @@ class LoadSheddingMiddleware(_Base):
     ``"sheddable"`` (first match wins, else ``default``); ``priority(scope)`` may decide
     first (None: fall through); ``priority_header`` is read only from ``trusted_proxies``.
     ``limit`` is an :class:`~stormguard.AdaptiveLimit` (the default) or an int.
+    ``queue_timeout`` is one wait for every tier or a mapping per tier. ``switch_interval``
+    (seconds, e.g. ``0.001``; default: leave it alone) sets the interpreter's
+    :func:`sys.setswitchinterval` for CPU-bound endpoints in the thread pool: the event
+    loop, which answers every 503, waits up to one interval for the GIL per busy thread.
     """
 
     def __init__(self, app: ASGIApp, *, priorities: Mapping[str, str] | None = None,
                  default: str = "degraded", priority: Callable[[Scope], str | None] | None = None,
                  priority_header: str | None = None, trusted_proxies: Iterable[str] = (),
-                 limit: AdaptiveLimit | int | None = None, queue_timeout: float = 0.05,
+                 limit: AdaptiveLimit | int | None = None,
+                 queue_timeout: float | Mapping[str, float] = 0.05,
                  shares: Mapping[str, float] | None = None, exempt: Iterable[str] = (),
                  retry_after: float = 1.0, codel_target: float = 0.005,
                  codel_interval: float = 0.1, max_queue: int = 1000,
                  name: str = "load-shedding", clock: Clock | None = None,
-                 listeners: Iterable[Listener] = (), shedder: Shedder | None = None) -> None:
+                 listeners: Iterable[Listener] = (), shedder: Shedder | None = None,
+                 switch_interval: float | None = None) -> None:
         super().__init__(priorities=priorities, default=default, priority=priority,
                          priority_header=priority_header, trusted_proxies=trusted_proxies,
                          limit=limit, queue_timeout=queue_timeout, shares=shares, exempt=exempt,
                          retry_after=retry_after, codel_target=codel_target,
                          codel_interval=codel_interval, max_queue=max_queue, name=name,
-                         clock=clock, listeners=listeners, shedder=shedder)
+                         clock=clock, listeners=listeners, shedder=shedder,
+                         switch_interval=switch_interval)
         self.app = app
         self._header = self.priorities.header.encode() if self.priorities.header else None
 
@@ -262,24 +275,28 @@ class _Released:
 class WSGILoadSheddingMiddleware(_Base):
     """WSGI priority load shedding for thread-pool servers (gunicorn ``--threads``,
     waitress): the same tiers and limit as :class:`LoadSheddingMiddleware`, per process.
-    A request that waits for a slot blocks its server thread, at most ``queue_timeout``."""
+    A request that waits for a slot blocks its server thread, at most ``queue_timeout``;
+    ``switch_interval`` as for :class:`LoadSheddingMiddleware`."""
 
     def __init__(self, app: WSGIApp, *, priorities: Mapping[str, str] | None = None,
                  default: str = "degraded",
                  priority: Callable[[dict[str, Any]], str | None] | None = None,
                  priority_header: str | None = None, trusted_proxies: Iterable[str] = (),
-                 limit: AdaptiveLimit | int | None = None, queue_timeout: float = 0.05,
+                 limit: AdaptiveLimit | int | None = None,
+                 queue_timeout: float | Mapping[str, float] = 0.05,
                  shares: Mapping[str, float] | None = None, exempt: Iterable[str] = (),
                  retry_after: float = 1.0, codel_target: float = 0.005,
                  codel_interval: float = 0.1, max_queue: int = 1000,
                  name: str = "load-shedding", clock: Clock | None = None,
-                 listeners: Iterable[Listener] = (), shedder: Shedder | None = None) -> None:
+                 listeners: Iterable[Listener] = (), shedder: Shedder | None = None,
+                 switch_interval: float | None = None) -> None:
         super().__init__(priorities=priorities, default=default, priority=priority,
                          priority_header=priority_header, trusted_proxies=trusted_proxies,
                          limit=limit, queue_timeout=queue_timeout, shares=shares, exempt=exempt,
                          retry_after=retry_after, codel_target=codel_target,
                          codel_interval=codel_interval, max_queue=max_queue, name=name,
-                         clock=clock, listeners=listeners, shedder=shedder)
+                         clock=clock, listeners=listeners, shedder=shedder,
+                         switch_interval=switch_interval)
         self.app = app
         self._environ_key = ("HTTP_" + self.priorities.header.upper().replace("-", "_")
                              if self.priorities.header else None)

@@ -217,9 +217,12 @@ def observed(listeners: list[Listener]) -> bool:
 class LoggingListener:
     """Log every event on ``logger`` (default ``"stormguard"``).
 
-    State changes, rejections, exhausted budgets and timeouts log at WARNING;
-    scheduled retries, fallbacks and the overload events (one per shed request or
-    throttled call, many under overload; limit changes) at INFO.
+    An event class with a ``log_level`` class attribute logs at that level (the
+    deferred queue's: a job deferred, a retry scheduled and a worker pausing at INFO,
+    a job sent to the dead letters at ERROR). Otherwise state changes, rejections,
+    exhausted budgets and timeouts log at WARNING; scheduled retries, fallbacks and the
+    overload events (one per shed request or throttled call, many under overload;
+    limit changes) at INFO.
     """
 
     __slots__ = ("logger",)
@@ -230,7 +233,15 @@ class LoggingListener:
     def __init__(self, logger: logging.Logger | None = None) -> None:
         self.logger = logger if logger is not None else _log
 
+    @classmethod
+    def level(cls, event: Event) -> int:
+        """The level ``event`` is logged at."""
+        level = getattr(event, "log_level", None)
+        if isinstance(level, int):
+            return level
+        return logging.INFO if isinstance(event, cls._INFO) else logging.WARNING
+
     def __call__(self, event: Event) -> None:
-        level = logging.INFO if isinstance(event, self._INFO) else logging.WARNING
+        level = self.level(event)
         if self.logger.isEnabledFor(level):
             self.logger.log(level, "%s: %s", event.policy, event)

@@ -15,6 +15,11 @@ the latency is far past the tolerance: then the window closes at once):
   window (at least 2) were as slow (their median ratio above the tolerance too): then
   the slowness is not a queue of ours (a busy machine, a slow disk) and a lower limit
   would only shed requests, so it holds;
+* the ratio grew with the concurrency (the window's mean in flight ``c`` at least 1.5,
+  ``ratio >= 1 + 0.75 x (c - 1)``): the requests share one resource (one core under one
+  GIL, a saturated dependency), more at once is only latency and no throughput (Little's
+  law), so the limit steps down, to ``min(limit, c) - 1``, and does not grow for the next
+  10 windows (at 1 there is no telling whether 2 would be better: it tries once a second);
 * ``ratio`` near 1 (at most ``1 + (tolerance - 1) / 2``) and the limit was in use (the
   most in flight reached half of it): the limit grows, by 1 below 10 and by
   ``sqrt(limit)`` above;
@@ -61,6 +66,11 @@ SHRINK_FLOOR = 0.5
 PROBE = 0.8
 FIRST_PROBE = 5
 PROBE_EVERY = 10
+#: latency at least 1 + SHARED x (concurrency - 1) times the minimum: the requests in flight
+#: share one resource (no parallel speed-up), so the limit steps down by one
+SHARED = 0.75
+#: windows without growth after such a step down (one try a second at 100 ms windows)
+SHARED_HOLD = 10
 
 
 class FixedLimit:
@@ -86,10 +96,32 @@ class FixedLimit:
 class AdaptiveLimit:
     """A concurrency limit that follows measured latency, within ``[min, max]``."""
 
-    __slots__ = ("_alone", "_alone_ratios", "_base_in_flight", "_baseline", "_limit", "_lowered",
-                 "_max_in_flight", "_n", "_probe_at", "_probe_limit", "_probing", "_ratios",
-                 "_since", "_sum", "_windows", "initial", "max", "min", "min_samples", "owner",
-                 "tolerance", "window")
+    __slots__ = (
+        "_alone",
+        "_alone_ratios",
+        "_base_in_flight",
+        "_baseline",
+        "_grow_after",
+        "_limit",
+        "_lowered",
+        "_max_in_flight",
+        "_n",
+        "_probe_at",
+        "_probe_limit",
+        "_probing",
+        "_ratios",
+        "_since",
+        "_sum",
+        "_sum_in_flight",
+        "_windows",
+        "initial",
+        "max",
+        "min",
+        "min_samples",
+        "owner",
+        "tolerance",
+        "window",
+    )
 
     adaptive = True
 
@@ -116,6 +148,8 @@ class AdaptiveLimit:
         self._sum = 0.0
         self._ratios: list[float] = []
         self._max_in_flight = 0
+        self._sum_in_flight = 0
+        self._grow_after = 0  # no growth before this window (after a shared-core step down)
         self._windows = 0
         self._probe_at: int | None = FIRST_PROBE
         self._probing = False
@@ -171,6 +205,7 @@ class AdaptiveLimit:
         self._sum += ratio if ratio < _RATIO_CAP else _RATIO_CAP
         self._n += 1
         self._max_in_flight = max(self._max_in_flight, in_flight)
+        self._sum_in_flight += in_flight
         since = self._since
         if since is None:
             self._since = now
@@ -200,14 +235,22 @@ class AdaptiveLimit:
             pass  # requests that ran alone were slow too: not a queue a lower limit shortens
         elif mean > tol:
             limit *= max(SHRINK_FLOOR, tol / mean)
+        elif (shared := self._sum_in_flight / self._n) >= 1.5 \
+                and mean >= 1.0 + SHARED * (shared - 1.0):
+            # latency grew with the concurrency: the requests share one resource (a core,
+            # the GIL, a saturated dependency), so more of them at once only adds latency
+            # (Little: no more throughput); step down toward where each runs alone
+            limit = min(limit, shared) - 1.0
+            self._grow_after = self._windows + SHARED_HOLD
         elif mean <= 1.0 + (tol - 1.0) / 2 and 2 * self._max_in_flight >= limit \
-                and not self._probing:
+                and not self._probing and self._windows >= self._grow_after:
             limit += 1.0 if limit < 10 else math.sqrt(limit)
         self._limit = min(float(self.max), max(float(self.min), limit))
         self._since = now
         self._n = 0
         self._sum = 0.0
         self._max_in_flight = 0
+        self._sum_in_flight = 0
         self._windows += 1
         if self._probing:  # found a lower baseline: it was a loaded one, look again later
             self._probing = False

@@ -4,7 +4,8 @@ One :class:`Shedder` guards one process's work (the middleware's) or one depende
 (:class:`stormguard.resilience.ConcurrencyLimit`). A request of tier ``t`` gets a slot
 while fewer than ``cap(t) = max(1, floor(limit x share[t]))`` slots are taken (shares:
 critical 1.0, degraded 0.8, sheddable 0.5), so lower tiers can never take the last
-slots critical traffic needs. Without a slot it waits at most ``queue_timeout``; a
+slots critical traffic needs. Without a slot it waits at most ``queue_timeout`` (one
+duration for every tier, or one per tier: ``{"critical": 0.5}``, the others 50 ms); a
 freed slot is handed straight to a waiter (the most important tier first, among those
 whose cap allows it), so an arrival never overtakes an eligible waiter.
 
@@ -44,6 +45,8 @@ TIERS = ("critical", "degraded", "sheddable")
 """The priority tiers, most important first; shed in the reverse order."""
 CRITICAL, DEGRADED, SHEDDABLE = 0, 1, 2
 DEFAULT_SHARES: dict[str, float] = {"critical": 1.0, "degraded": 0.8, "sheddable": 0.5}
+#: the longest a request waits for a slot when ``queue_timeout`` does not name its tier
+DEFAULT_QUEUE_TIMEOUT = 0.05
 
 #: a thread waiting on a clock other than the system's looks at it this often (real seconds)
 _POLL = 0.002
@@ -92,7 +95,8 @@ def _resolve(future: asyncio.Future[None]) -> None:
 class Shedder:
     """Admit, queue or shed work by priority tier under one concurrency limit."""
 
-    def __init__(self, limit: AdaptiveLimit | int | None = None, *, queue_timeout: float = 0.05,
+    def __init__(self, limit: AdaptiveLimit | int | None = None, *,
+                 queue_timeout: float | Mapping[str, float] = 0.05,
                  shares: Mapping[str, float] | None = None, codel_target: float = 0.005,
                  codel_interval: float = 0.1, max_queue: int = 1000,
                  retry_after: float = 1.0, name: str = "shedder", clock: Clock | None = None,
@@ -103,7 +107,11 @@ class Shedder:
                 raise ConfigError("limit", limit, "this AdaptiveLimit already belongs to "
                                   "another shedder or ConcurrencyLimit: give each its own")
             self.limit.owner = self
-        self.queue_timeout = validate.duration("queue_timeout", queue_timeout, allow_zero=True)
+        self.queue_timeouts = self._check_timeouts(queue_timeout)
+        """The longest a request of each tier may wait for a slot (seconds)."""
+        self._timeout = tuple(self.queue_timeouts[t] for t in TIERS)
+        self.queue_timeout = max(self._timeout)
+        """The longest any request may wait for a slot (seconds)."""
         self.codel_target = validate.duration("codel_target", codel_target)
         self.codel_interval = validate.duration("codel_interval", codel_interval)
         self.max_queue = validate.integer("max_queue", max_queue, minimum=0)
@@ -129,6 +137,18 @@ class Shedder:
         track(self, "shedder")  # metrics: limit, in flight, waiting, shed by tier
 
     @staticmethod
+    def _check_timeouts(queue_timeout: float | Mapping[str, float]) -> dict[str, float]:
+        if isinstance(queue_timeout, Mapping):
+            out = dict.fromkeys(TIERS, DEFAULT_QUEUE_TIMEOUT)
+            for tier, wait in queue_timeout.items():
+                tier_index("queue_timeout", tier)
+                out[tier] = validate.duration(f"queue_timeout[{tier!r}]", wait,
+                                              allow_zero=True)
+            return out
+        return dict.fromkeys(TIERS, validate.duration("queue_timeout", queue_timeout,
+                                                      allow_zero=True))
+
+    @staticmethod
     def _check_shares(shares: Mapping[str, float] | None) -> dict[str, float]:
         out = dict(DEFAULT_SHARES)
         if shares is not None:
@@ -143,7 +163,7 @@ class Shedder:
         return out
 
     def __repr__(self) -> str:
-        return (f"Shedder(limit={self.limit!r}, queue_timeout={self.queue_timeout}, "
+        return (f"Shedder(limit={self.limit!r}, queue_timeout={self.queue_timeouts}, "
                 f"in_flight={self._in_flight})")
 
     # -- reading ----------------------------------------------------------------------------
@@ -262,7 +282,8 @@ class Shedder:
         limit = self.limit.limit
         if self._in_flight < max(1, math.floor(limit * self._share[tier])):
             return self._take(tier, now, key)
-        if not may_wait or self.queue_timeout <= 0 or self._waiting >= self.max_queue:
+        timeout = self._timeout[tier]
+        if not may_wait or timeout <= 0 or self._waiting >= self.max_queue:
             return "capacity"
         if tier != CRITICAL and self._rtt:
             # shed now what would wait in vain: slots free about every rtt / in_flight
@@ -271,7 +292,7 @@ class Shedder:
             if tier == SHEDDABLE:
                 ahead += len(self._queues[SHEDDABLE])
             need = ahead + 1 + self._in_flight - max(1, math.floor(limit * self._share[tier]))
-            if 2 * need * self._rtt > self.queue_timeout * max(1, self._in_flight):
+            if 2 * need * self._rtt > timeout * max(1, self._in_flight):
                 return "capacity"
         if tier != CRITICAL and (self._overloaded or self._above_since is not None) \
                 and self._standing(now):
@@ -323,7 +344,8 @@ class Shedder:
 
     async def acquire_async(self, tier: int = CRITICAL, key: str = "",
                             wait: float | None = None) -> Ticket | Shed:
-        """A slot, waiting at most ``queue_timeout`` (or ``wait``) on the running loop."""
+        """A slot, waiting at most the tier's ``queue_timeout`` (or ``wait``) on the
+        running loop."""
         clock = self._clock
         now = clock.monotonic()
         with self._lock:
@@ -335,7 +357,8 @@ class Shedder:
             loop = asyncio.get_running_loop()
             got.loop = loop
             got.future = fut = loop.create_future()
-        budget = self.queue_timeout if wait is None else min(wait, self.queue_timeout)
+        timeout = self._timeout[tier]
+        budget = timeout if wait is None else min(wait, timeout)
         try:
             async with asyncio.timeout(budget):
                 await fut
@@ -351,7 +374,8 @@ class Shedder:
 
     def acquire_blocking(self, tier: int = CRITICAL, key: str = "",
                          wait: float | None = None) -> Ticket | Shed:
-        """A slot, blocking this thread at most ``queue_timeout`` (or ``wait``)."""
+        """A slot, blocking this thread at most the tier's ``queue_timeout`` (or
+        ``wait``)."""
         clock = self._clock
         now = clock.monotonic()
         with self._lock:
@@ -361,7 +385,8 @@ class Shedder:
             if isinstance(got, str):
                 return self._shed_one(tier, got, now)
             got.event = event = threading.Event()
-        budget = self.queue_timeout if wait is None else min(wait, self.queue_timeout)
+        timeout = self._timeout[tier]
+        budget = timeout if wait is None else min(wait, timeout)
         if type(clock) is SystemClock:
             event.wait(budget)
         else:  # another clock's time: wait in short real slices, watching it

@@ -20,7 +20,11 @@ a running model on one :class:`~stormguard.sim.Engine`:
   wait their turn (an overloaded provider gets slower), a call abandoned by its
   caller still takes its turn (the provider does not know), and with ``queue_limit``
   a full queue answers 503 at once. Latency, error rate and capacity change at the
-  times given in ``changes``.
+  times given in ``changes``;
+* the **front door** (:mod:`stormguard.sim.inbound`, imported only by the scenarios
+  that use it): a service's rate limits (429) and load shedder (503, by tier) at each
+  instance's entry, traffic key populations, and deferred queues drained by a worker.
+  A request's final outcome is one of :data:`OUTCOMES`.
 
 Calls honour the deadline in force the way a well-behaved client library does (the
 httpx transport of stormguard clips its timeouts to it): a call stops waiting when
@@ -31,12 +35,14 @@ the deadline passes and raises ``TimeoutError``, which ``Timeout`` turns into
 from __future__ import annotations
 
 import bisect
+import contextvars
 import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from stormguard._core.deadline import _current
 from stormguard._core.errors import TransientError
@@ -58,7 +64,16 @@ from stormguard.sim.runtime import (
 )
 from stormguard.sim.scenario import Scenario
 
-__all__ = ["DependencyDown", "Result", "ServiceUnavailable", "run"]
+if TYPE_CHECKING:  # the inbound side is imported only by the scenarios that use it
+    from stormguard.integrations.shedding import Priorities
+    from stormguard.ratelimit.rules import RequestAttrs
+    from stormguard.sim.inbound import Gate, QueueRun
+
+__all__ = ["OUTCOMES", "DependencyDown", "Limited", "Overloaded", "Result", "ServiceUnavailable",
+           "run"]
+
+#: the request's key attributes, carried from a client task to the server's
+_ATTRS: contextvars.ContextVar[RequestAttrs] = contextvars.ContextVar("stormguard_sim_attrs")
 
 
 class DependencyDown(TransientError):
@@ -67,6 +82,14 @@ class DependencyDown(TransientError):
 
 class ServiceUnavailable(TransientError):
     """A simulated service answered with an error (its request failed or was refused)."""
+
+
+class Limited(TransientError):
+    """A simulated service answered 429 (a rate limit denied the request)."""
+
+
+class Overloaded(TransientError):
+    """A simulated service answered 503 because its load shedder shed the request."""
 
 
 # -- latency distributions -------------------------------------------------------------
@@ -170,17 +193,19 @@ _Step = Callable[[], object]
 
 
 class Instance:
-    """One service instance: its thread pool and its endpoints' steps (own policies)."""
+    """One service instance: its thread pool, its endpoints' steps (own policies) and, when
+    the service has rate limits or load shedding, its entry :class:`~.inbound.Gate`."""
 
-    __slots__ = ("endpoints", "pool")
+    __slots__ = ("endpoints", "gate", "pool")
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
         self.endpoints: dict[str, tuple[_Step, ...]] = {}
+        self.gate: Gate | None = None
 
 
 class Service:
-    __slots__ = ("_next", "gauge", "instances", "name", "queue_gauge", "threads")
+    __slots__ = ("_next", "gauge", "instances", "name", "priorities", "queue_gauge", "threads")
 
     def __init__(self, name: str, threads: int | None, gauge: Gauge, queue_gauge: Gauge) -> None:
         self.name = name
@@ -188,6 +213,7 @@ class Service:
         self.instances: list[Instance] = []
         self.gauge = gauge
         self.queue_gauge = queue_gauge
+        self.priorities: Priorities | None = None
         self._next = 0
 
     def pick(self) -> Instance:
@@ -214,6 +240,11 @@ def _handle(inst: Instance, endpoint: str, clock: SimClock) -> str:
 
 
 # -- the run ---------------------------------------------------------------------------
+OUTCOMES = ("success", "fallback", "error", "limited", "shed")
+"""A request's final outcomes: ``limited`` is a 429 of a rate limit, ``shed`` a 503 of a
+load shedder (``error`` is every other failure)."""
+
+
 @dataclass
 class Result:
     """What a run measured: counts and levels per bucket of virtual time."""
@@ -227,6 +258,9 @@ class Result:
     first_full_at: dict[str, float | None]
     transitions: list[tuple[float, str, str, str]] = field(default_factory=list)
     events: int = 0
+    gates: dict[str, list[Gate]] = field(default_factory=dict)
+    queues: dict[str, QueueRun] = field(default_factory=dict)
+    tiers: dict[str, str] = field(default_factory=dict)  # traffic -> its endpoint's tier
 
     @property
     def duration(self) -> float:
@@ -254,10 +288,107 @@ class Result:
         lo, hi = self.window()
         lo = lo if start is None else start
         hi = hi if end is None else end
-        counts = {o: self.series.total(f"{traffic}:{o}", lo, hi)
-                  for o in ("success", "fallback", "error")}
+        counts = {o: self.series.total(f"{traffic}:{o}", lo, hi) for o in OUTCOMES}
         total = sum(counts.values())
         return {o: (n / total if total else 0.0) for o, n in counts.items()}
+
+    def limited_per_s(self, service: str, rule: str, start: float | None = None,
+                      end: float | None = None) -> float:
+        """Requests per second the rule ``rule`` of ``service`` denied (429s)."""
+        lo, hi = self.window()
+        return self.series.rate(f"limited:{service}:{rule}", lo if start is None else start,
+                                hi if end is None else end)
+
+    def admitted_per_s(self, traffic: str, start: float | None = None,
+                       end: float | None = None) -> float:
+        """Requests per second of ``traffic`` that passed the rate limits (every outcome
+        but ``limited``), by arrival."""
+        lo, hi = self.window()
+        lo = lo if start is None else start
+        hi = hi if end is None else end
+        n = sum(self.series.total(f"{traffic}:{o}", lo, hi) for o in OUTCOMES if o != "limited")
+        return n / (hi - lo) if hi > lo else 0.0
+
+    def inbound_summary(self) -> dict[str, Any]:
+        """Per gated service: 429s per rule, shed requests and shedder counters per tier."""
+        lo, hi = self.window()
+        out: dict[str, Any] = {}
+        for name, gates in self.gates.items():
+            entry: dict[str, Any] = {}
+            rules = gates[0].rules
+            if rules is not None:
+                entry["limited_per_s"] = {r.name: round(self.limited_per_s(name, r.name), 3)
+                                          for r in rules if not r.shadow}
+                shadow = {r.name: round(self.series.rate(f"shadow:{name}:{r.name}", lo, hi), 3)
+                          for r in rules if r.shadow}
+                if shadow:  # dry-run rules: what they would have denied, per second
+                    entry["shadow_denied_per_s"] = shadow
+                entry["rate_limit_store"] = self.scenario.services[name]["rate_limit"]["store"]
+                if entry["rate_limit_store"] == "hybrid":
+                    from stormguard.stores.hybrid import HybridStore
+
+                    trips = sum(g.limiter.store._b.round_trips for g in gates
+                                if g.limiter is not None
+                                and isinstance(g.limiter.store, HybridStore))
+                    entry["backend_round_trips_per_s"] = round(trips / self.duration, 3)
+            if gates[0].shedder is not None:
+                tiers: dict[str, Any] = {}
+                stats = [g.shedder.stats() for g in gates if g.shedder is not None]
+                for t in ("critical", "degraded", "sheddable"):
+                    admitted = sum(s["admitted"][t] for s in stats)
+                    shed = sum(s["shed"][t] for s in stats)
+                    tiers[t] = {"admitted": admitted, "shed": shed,
+                                "shed_rate": round(shed / (admitted + shed), 4)
+                                if admitted + shed else 0.0,
+                                "shed_per_s": round(self.series.rate(f"shed:{name}:{t}", lo, hi),
+                                                    3)}
+                entry["shedding"] = {
+                    "tiers": tiers, "limit_per_instance": [s["limit"] for s in stats],
+                    "shed_codel": sum(s["shed_codel"] for s in stats),
+                    "shed_queue_timeout": sum(s["shed_queue_timeout"] for s in stats)}
+            out[name] = entry
+        return out
+
+    def tier_summary(self) -> dict[str, Any]:
+        """Per tier (of the traffic sources' endpoints): outcome rates and mean response."""
+        lo, hi = self.window()
+        out: dict[str, Any] = {}
+        for tier in ("critical", "degraded", "sheddable"):
+            names = [t for t, tt in self.tiers.items() if tt == tier]
+            if not names:
+                continue
+            counts = {o: sum(self.series.total(f"{n}:{o}", lo, hi) for n in names)
+                      for o in OUTCOMES}
+            total = sum(counts.values())
+            lat = sum(self.series.total(f"{n}:latency_us", lo, hi) for n in names)
+            out[tier] = {"traffic": names, "requests": total,
+                         **{f"{o}_rate": round(c / total, 4) if total else 0.0
+                            for o, c in counts.items()},
+                         "mean_response_s": round(lat / 1e6 / total, 4) if total else None}
+        return out
+
+    def queue_depth(self, queue: str) -> list[int]:
+        """Jobs of ``queue`` not done yet (pending or in flight) at the end of each bucket
+        of virtual time."""
+        return self.series.counts.get(f"queue:{queue}:pending", [])
+
+    def queue_summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, q in self.queues.items():
+            depth = self.queue_depth(name)
+            deferred = self.series.total(f"queue:{name}:deferred")
+            out[name] = {
+                "deferred": deferred, "drained": q.worker.worker.completed,
+                "worker_attempts": self.series.total(f"queue:{name}:taken"),
+                "failed_attempts": q.worker.worker.failures,
+                "pending_at_end": q.stats.get("pending", 0),
+                "in_flight_at_end": q.stats.get("in_flight", 0),
+                "dead": q.stats.get("dead", 0),
+                "lost": deferred - q.worker.worker.completed - sum(q.stats.values()),
+                "peak_pending": max(depth, default=0),
+                "drained_at_s": _drained_at(depth, self.resolution, deferred),
+                "pending_by_bucket": depth}
+        return out
 
     def opened_at(self, policy: str | None = None) -> float | None:
         """Virtual time of the first transition to ``open`` (of the policy named)."""
@@ -287,13 +418,20 @@ class Result:
         for t in self.scenario.traffic:
             name = t["name"]
             rates = self.outcome_rates(name)
-            n = sum(self.series.total(f"{name}:{o}", lo, hi)
-                    for o in ("success", "fallback", "error"))
+            n = sum(self.series.total(f"{name}:{o}", lo, hi) for o in OUTCOMES)
             out["traffic"][name] = {
                 "arrivals_per_s": round(self.series.rate(f"{name}:arrivals", lo, hi), 3),
                 **{f"{o}_rate": round(r, 4) for o, r in rates.items()},
                 "mean_response_s": round(
                     self.series.total(f"{name}:latency_us", lo, hi) / 1e6 / n, 4) if n else None}
+            if name in self.tiers:
+                out["traffic"][name]["tier"] = self.tiers[name]
+        if self.gates:
+            out["inbound"] = self.inbound_summary()
+        if self.tiers:
+            out["tiers"] = self.tier_summary()
+        if self.queues:
+            out["queues"] = self.queue_summary()
         out["breaker_transitions"] = [
             {"at_s": round(at, 3), "policy": name, "from": old, "to": new}
             for at, name, old, new in self.transitions[:50]]
@@ -364,6 +502,18 @@ class _Rate:
         return t + need / last if last > 0 else None
 
 
+def _inbound_side(scenario: Scenario) -> ModuleType | None:
+    """:mod:`stormguard.sim.inbound` if the scenario has rate limits, load shedding, keys
+    or queues (only such scenarios pay for its import and its code paths), else None."""
+    if scenario.queues or any("rate_limit" in s or "load_shedding" in s
+                              for s in scenario.services.values()) \
+            or any("keys" in t for t in scenario.traffic):
+        from stormguard.sim import inbound
+
+        return inbound
+    return None
+
+
 def run(scenario: Scenario, *, resolution: float = 1.0) -> Result:
     """Run ``scenario`` to its ``duration`` in virtual time and return what it measured."""
     eng, clock = new_engine()
@@ -381,15 +531,29 @@ def run(scenario: Scenario, *, resolution: float = 1.0) -> Result:
 
     deps = {name: Dependency(name, spec, clock, random.Random(master.random()), series)
             for name, spec in scenario.dependencies.items()}
+    inbound = _inbound_side(scenario)
+    queues: dict[str, QueueRun] = {} if inbound is None else inbound.start_queues(
+        eng, clock, scenario, deps, series, master, listener)
+    defer_listeners = () if inbound is None else inbound.defer_counter(queues, series)
     services: dict[str, Service] = {}
+    gates: dict[str, list[Gate]] = {}
     for sname, sspec in scenario.services.items():
         gauge, qgauge = Gauge(clock, buckets, resolution), Gauge(clock, buckets, resolution)
         svc = Service(sname, sspec["threads"], gauge, qgauge)
+        make_gate = None if inbound is None else inbound.gates(eng, clock, series, sname, sspec)
+        if inbound is not None and "load_shedding" in sspec:
+            svc.priorities = inbound.build_priorities(f"services.{sname}.load_shedding",
+                                                      sspec["load_shedding"])
         for i in range(sspec["instances"]):
             inst = Instance(Pool(eng, clock, sspec["threads"], sspec.get("queue_limit"),
                                  gauge, qgauge))
+            if make_gate is not None:
+                inst.gate = make_gate(i)
+                gates.setdefault(sname, []).append(inst.gate)
             ctx = BuildContext(clock=clock, rng=random.Random(master.random()),
-                               listener=listener(i), instance=i)
+                               listener=listener(i), instance=i,
+                               queues={n: q.queue for n, q in queues.items()},
+                               defer_listeners=defer_listeners)
             for ename, espec in sspec["endpoints"].items():
                 steps: list[_Step] = []
                 for k, step in enumerate(espec["steps"]):
@@ -400,20 +564,28 @@ def run(scenario: Scenario, *, resolution: float = 1.0) -> Result:
                     where = f"services.{sname}.endpoints.{ename}.steps[{k}].policies"
                     policies = build_policies(step.get("policies", []), ctx, where,
                                               dependency=step["call"])
-                    steps.append(_wrap(policies, dep.call))
+                    wrapped = _wrap(policies, dep.call)
+                    if inbound is not None and queues:
+                        wrapped = inbound.deferring(wrapped, policies)
+                    steps.append(wrapped)
                 inst.endpoints[ename] = tuple(steps)
             svc.instances.append(inst)
         services[sname] = svc
 
-    for t in scenario.traffic:
-        _start_traffic(eng, clock, t, services, series, random.Random(master.random()),
-                       scenario.duration)
+    started = {t["name"]: _start_traffic(eng, clock, t, services, series,
+                                         random.Random(master.random()), scenario.duration,
+                                         scenario) for t in scenario.traffic}
+    tiers = {name: tier for name, tier in started.items() if tier is not None}
+    for q in queues.values():  # the workers start after the traffic (their first events)
+        q.worker.start()
     eng.run(until=scenario.duration)
     clock.stop_tasks()  # requests still in flight end here (their memory with them)
+    for q in queues.values():
+        q.finish()
     for svc in services.values():
         svc.gauge.close(eng.now)
         svc.queue_gauge.close(eng.now)
-    return Result(
+    return Result(gates=gates, queues=queues, tiers=tiers,
         scenario=scenario, resolution=resolution, series=series,
         busy={n: s.gauge for n, s in services.items()},
         queued={n: s.queue_gauge for n, s in services.items()},
@@ -421,6 +593,15 @@ def run(scenario: Scenario, *, resolution: float = 1.0) -> Result:
                  for n, s in services.items()},
         first_full_at={n: _all_full(s) for n, s in services.items()},
         transitions=transitions, events=eng.events_run)
+
+
+def _drained_at(depth: list[int], resolution: float, deferred: int) -> float | None:
+    """The end of the last bucket with jobs pending (None: nothing deferred, or some
+    still pending at the end)."""
+    if not deferred or not depth or depth[-1] > 0:
+        return None
+    last = max((i for i, n in enumerate(depth) if n > 0), default=-1)
+    return (last + 1) * resolution
 
 
 def _all_full(svc: Service) -> float | None:
@@ -443,23 +624,53 @@ def _wrap(policies: list[Policy], fn: Callable[[], Any]) -> Callable[[], Any]:
 def _start_traffic(  # noqa: PLR0915 -- the closures of one traffic source, together
         eng: Engine, clock: SimClock, spec: dict[str, Any],
                    services: dict[str, Service], series: Series, rng: random.Random,
-                   duration: float) -> None:
+                   duration: float, scenario: Scenario | None = None) -> str | None:
+    """Schedule the arrivals of one traffic source; answers the tier of its endpoint
+    (None: its service sheds no load)."""
     name = spec["name"]
     sname, endpoint = spec["target"].split(".", 1)
     svc = services[sname]
     tag_arrivals = f"{name}:arrivals"
     tag_latency = f"{name}:latency_us"
-    tags = {o: f"{name}:{o}" for o in ("success", "fallback", "error")}
+    tags = {o: f"{name}:{o}" for o in OUTCOMES}
+    gated = bool(svc.instances) and svc.instances[0].gate is not None
+    keys = None
+    route = f"GET /{endpoint}"
+    if scenario is not None:
+        route = scenario.services[sname]["endpoints"][endpoint].get("route", route)
+    method, _, path = route.partition(" ")
+    tier_index, shed_key = (1, route) if svc.priorities is None else svc.priorities.route(
+        method, path)
+    if spec.get("priority") is not None:  # the traffic's own tier (a trusted proxy's header)
+        tier_index = ("critical", "degraded", "sheddable").index(spec["priority"])
+    top: Callable[[], str]
+    if gated or spec.get("keys") is not None:
+        from stormguard.ratelimit.rules import RequestAttrs
+        from stormguard.sim.inbound import Keys, handle_gated
+
+        if spec.get("keys") is not None:
+            # its own seeded source: giving a traffic source keys leaves its arrivals as
+            # they were
+            seed = 0 if scenario is None else scenario.seed
+            keys = Keys(spec["keys"], random.Random(f"{seed}:{name}:keys"))
+        static = RequestAttrs(method=method, path=path)
+
+        def gated_server() -> str:
+            attrs = _ATTRS.get() if keys is not None else static
+            return handle_gated(svc.pick(), endpoint, attrs, tier_index, shed_key)
 
     def server() -> str:
         return _handle(svc.pick(), endpoint, clock)
 
     # client layers, outermost first: each a pipeline around a remote call to the next hop
-    def remote(inner: Callable[[], str]) -> Callable[[], str]:
+    def remote(inner: Callable[[], str], honour: bool) -> Callable[[], str]:
         def call() -> str:
             waiter = Waiter(eng, clock)
+            attrs = _ATTRS.get() if keys is not None else None
 
             def hop() -> None:
+                if attrs is not None:
+                    _ATTRS.set(attrs)
                 try:
                     waiter.complete(inner())
                 except Exception as exc:
@@ -469,26 +680,38 @@ def _start_traffic(  # noqa: PLR0915 -- the closures of one traffic source, toge
             d = _current.get()
             if not waiter.wait(None if d is None else max(d.at - clock.monotonic(), 0.0)):
                 raise TimeoutError(f"{sname}: no answer before the deadline")
-            if isinstance(waiter.value, Exception):
-                raise ServiceUnavailable(f"{sname}: 503") from waiter.value
-            return str(waiter.value)
+            value = waiter.value
+            if isinstance(value, Exception):
+                if isinstance(value, Limited | Overloaded):  # a 429 / 503 with Retry-After
+                    raise type(value)(str(value), retry_after=value.retry_after if honour
+                                      else None) from value
+                raise ServiceUnavailable(f"{sname}: 503") from value
+            return str(value)
         return call
 
-    top: Callable[[], str] = server
+    top = gated_server if gated else server
     for layer in reversed(spec.get("clients", [])):
         policies: list[Policy] = []
         if layer.get("timeout") is not None:
             policies.append(Timeout(total=layer["timeout"], clock=clock,
                                     name=f"{layer['name']}.timeout"))
-        if layer.get("retry") is not None:
-            r = layer["retry"]
+        r = layer.get("retry")
+        if r is not None:
             policies.append(Retry(attempts=r["attempts"], base=r["base"],
                                   multiplier=r["multiplier"], max_delay=r["max_delay"],
-                                  jitter=r["jitter"], rng=random.Random(rng.random()),
+                                  jitter=r["jitter"], max_retry_after=r.get("max_retry_after"),
+                                  rng=random.Random(rng.random()),
                                   clock=clock, name=f"{layer['name']}.retry"))
-        top = _wrap(policies, remote(top))
+        top = _wrap(policies, remote(top, bool(r is not None and r.get("retry_after"))))
 
     entry = top
+    if keys is not None:
+        inner_entry, draw = entry, keys.draw
+
+        def keyed() -> str:
+            _ATTRS.set(draw(method, path))
+            return inner_entry()
+        entry = keyed
 
     rows = {o: series.row(tag) for o, tag in tags.items()}
     latency = series.row(tag_latency)
@@ -498,6 +721,10 @@ def _start_traffic(  # noqa: PLR0915 -- the closures of one traffic source, toge
         started = clock.monotonic()
         try:
             outcome = entry()
+        except Limited:
+            outcome = "limited"
+        except Overloaded:
+            outcome = "shed"
         except Exception:
             outcome = "error"
         # counted in the bucket of its arrival: rates of the requests that arrived then
@@ -546,3 +773,6 @@ def _start_traffic(  # noqa: PLR0915 -- the closures of one traffic source, toge
     first = next_time(0.0)
     if first is not None and first <= duration:
         eng.call_at(first, arrive)
+    if svc.priorities is None:
+        return None
+    return ("critical", "degraded", "sheddable")[tier_index]

@@ -59,6 +59,10 @@ class BuildContext:
     listener: Listener
     instance: int
     shared: dict[tuple[str, ...], Any] = field(default_factory=dict)
+    #: the scenario's deferred queues by name (``DeferredQueue``), for ``defer``
+    queues: dict[str, Any] = field(default_factory=dict)
+    #: listeners given to every ``defer`` fallback (the model counts deferrals)
+    defer_listeners: tuple[Listener, ...] = ()
 
 
 PolicyBuilder = Callable[[dict[str, Any], BuildContext, str, str], Policy]
@@ -200,6 +204,23 @@ def _shaper(opts: Any, ctx: BuildContext, where: str, dep: str) -> Policy:
         raise ConfigError(f"{where}.rate", None, "is required: calls per `per` (default 1 s)")
     rate = o.pop("rate")
     return _build(where, lambda: Shaper(rate, **o, clock=ctx.clock, name=f"{dep}.shaper"))
+
+
+@register_policy("defer")
+def _defer(opts: Any, ctx: BuildContext, where: str, dep: str) -> Policy:
+    """The queue's fallback: a failed call is deferred to the scenario queue named
+    ``queue`` (its worker calls the dependency later) and the request is served degraded."""
+    o = _options(opts, where, {"queue": "any"})
+    name = o.get("queue")
+    if name is None:
+        raise ConfigError(f"{where}.queue", None, "is required: the name of a queue under "
+                          "`queues`")
+    queue = ctx.queues.get(name) if isinstance(name, str) else None
+    if queue is None:
+        known = ", ".join(ctx.queues) or "none"
+        raise ConfigError(f"{where}.queue", name, f"no such queue (known: {known})")
+    return _build(where, lambda: queue.fallback(name, name=f"{dep}.defer",
+                                                listeners=ctx.defer_listeners))
 
 
 @register_policy("fallback")

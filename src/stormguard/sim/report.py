@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stormguard.sim.model import Result
+from stormguard.sim.model import OUTCOMES, Result
 
 __all__ = ["Panel", "Report", "html_report", "plot", "result_panels", "result_text"]
 
@@ -55,10 +55,11 @@ def calls_line(r: Result, dependency: str) -> tuple[list[float], list[float]]:
 
 def outcome_lines(r: Result, traffic: str) -> list[tuple[str, list[float], list[float]]]:
     xs = _xs(r)
-    rows = {o: r.series.counts.get(f"{traffic}:{o}", [0] * (len(xs) + 1))
-            for o in ("success", "fallback", "error")}
+    rows = {o: r.series.counts.get(f"{traffic}:{o}", [0] * (len(xs) + 1)) for o in OUTCOMES}
     out = []
     for o, row in rows.items():
+        if o in ("limited", "shed") and not any(row):
+            continue  # no rate limit or shedder answered this traffic: no line
         ys = []
         for i in range(len(xs)):
             total = sum(rows[k][i] for k in rows)
@@ -77,9 +78,35 @@ def result_panels(r: Result) -> list[Panel]:
             threads.append((f"{svc} available", xs, [float(r.threads[svc] or 0)] * len(xs)))
     calls = [(dep, *calls_line(r, dep)) for dep in r.scenario.dependencies]
     outcomes = [line for t in r.scenario.traffic for line in outcome_lines(r, t["name"])]
-    return [("busy threads", "threads", False, threads),
-            ("dependency calls", "calls/s", False, calls),
-            ("requests by outcome (by arrival time)", "share", False, outcomes)]
+    panels: list[Panel] = [("busy threads", "threads", False, threads),
+                           ("dependency calls", "calls/s", False, calls),
+                           ("requests by outcome (by arrival time)", "share", False, outcomes)]
+    if r.gates:
+        xs = _xs(r)
+        refused: list[tuple[str, list[float], list[float]]] = []
+        for name, gates in r.gates.items():
+            for tag, label in ([(f"limited:{name}:{rule.name}", f"{name} 429 {rule.name}")
+                                for rule in (gates[0].rules or ())]
+                               + [(f"shed:{name}:{t}", f"{name} 503 shed {t}")
+                                  for t in ("critical", "degraded", "sheddable")]):
+                row = r.series.counts.get(tag)
+                if row is not None and any(row):
+                    refused.append((label, xs, [row[i] / r.resolution for i in range(len(xs))]))
+        panels.append(("refused at the entry: rate limited (429) and shed (503)", "requests/s",
+                       False, refused))
+    if r.queues:
+        xs = _xs(r)
+        depth = []
+        for name in r.queues:
+            row = r.queue_depth(name)
+            depth.append((f"{name} not done (pending or in flight)", xs,
+                          [float(row[i]) for i in range(len(xs))]))
+            drained = r.series.counts.get(f"queue:{name}:drained", [])
+            depth.append((f"{name} drained/s", xs,
+                          [drained[i] / r.resolution for i in range(len(xs))]))
+        panels.append(("deferred queues: jobs not done yet, and drained per second", "jobs",
+                       False, depth))
+    return panels
 
 
 def plot(panels: Sequence[Panel], path: str | Path, title: str) -> None:
@@ -159,13 +186,52 @@ def result_text(r: Result) -> str:
     for name, d in s["dependencies"].items():
         lines.append(f"{name:<16}{d['calls_per_s']:>12,.1f}{d['errors_per_s']:>12,.1f}"
                      f"{d['abandoned_per_s']:>13,.1f}")
+    inbound = "inbound" in s
+    extra = f"{'429':>8}{'503 shed':>10}" if inbound else ""
     lines += ["", f"{'traffic':<16}{'arrivals/s':>12}{'success':>10}{'fallback':>10}"
-                  f"{'error':>8}{'mean response':>15}"]
+                  f"{'error':>8}{extra}{'mean response':>15}"]
     for name, t in s["traffic"].items():
         mean = "-" if t["mean_response_s"] is None else f"{t['mean_response_s']:.3f} s"
+        cols = f"{t['limited_rate']:>8.1%}{t['shed_rate']:>10.1%}" if inbound else ""
         lines.append(f"{name:<16}{t['arrivals_per_s']:>12,.1f}{t['success_rate']:>10.1%}"
-                     f"{t['fallback_rate']:>10.1%}{t['error_rate']:>8.1%}{mean:>15}")
+                     f"{t['fallback_rate']:>10.1%}{t['error_rate']:>8.1%}{cols}{mean:>15}")
+    lines += _inbound_text(s)
     opened = [tr for tr in s["breaker_transitions"] if tr["to"] == "open"]
     if opened:
         lines += ["", f"first breaker to open: {opened[0]['policy']} at {opened[0]['at_s']:.2f} s"]
     return "\n".join(lines)
+
+
+def _inbound_text(s: dict[str, Any]) -> list[str]:
+    """The rate limits, shedding per tier and deferred queues of a summary, as text."""
+    lines: list[str] = []
+    for name, entry in s.get("inbound", {}).items():
+        for rule, per_s in entry.get("limited_per_s", {}).items():
+            lines += ["", f"{name}: rule {rule} ({entry['rate_limit_store']} store) denied "
+                          f"{per_s:,.1f} requests/s (429)"]
+        for rule, per_s in entry.get("shadow_denied_per_s", {}).items():
+            lines += ["", f"{name}: shadow rule {rule} would have denied {per_s:,.1f} "
+                          "requests/s (not refused)"]
+        shed = entry.get("shedding")
+        if shed is not None:
+            lines += ["", f"{'tier':<16}{'admitted':>10}{'shed':>10}{'shed rate':>11}"
+                          f"{'shed/s':>10}   ({name}, limit per instance at the end: "
+                          f"{', '.join(map(str, shed['limit_per_instance']))})"]
+            for tier, t in shed["tiers"].items():
+                lines.append(f"{tier:<16}{t['admitted']:>10,}{t['shed']:>10,}"
+                             f"{t['shed_rate']:>11.1%}{t['shed_per_s']:>10,.1f}")
+    if s.get("tiers"):
+        lines += ["", f"{'tier':<16}{'requests':>10}{'success':>10}{'fallback':>10}"
+                      f"{'429':>8}{'503 shed':>10}{'error':>8}{'mean response':>15}"]
+        for tier, t in s["tiers"].items():
+            mean = "-" if t["mean_response_s"] is None else f"{t['mean_response_s']:.3f} s"
+            lines.append(f"{tier:<16}{t['requests']:>10,}{t['success_rate']:>10.1%}"
+                         f"{t['fallback_rate']:>10.1%}{t['limited_rate']:>8.1%}"
+                         f"{t['shed_rate']:>10.1%}{t['error_rate']:>8.1%}{mean:>15}")
+    for name, q in s.get("queues", {}).items():
+        drained = "-" if q["drained_at_s"] is None else f"{q['drained_at_s']:g} s"
+        lines += ["", f"queue {name}: {q['deferred']:,} deferred, {q['drained']:,} drained "
+                      f"(empty from {drained}), peak {q['peak_pending']:,} pending; at the end "
+                      f"{q['pending_at_end']:,} pending, {q['in_flight_at_end']:,} in flight, "
+                      f"{q['dead']:,} dead, {q['lost']:,} lost"]
+    return lines

@@ -20,10 +20,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stormguard.sim.model import Result, run
-from stormguard.sim.report import Panel, Report, busy_line, calls_line, outcome_lines
+from stormguard.sim.report import (
+    Panel,
+    Report,
+    busy_line,
+    calls_line,
+    outcome_lines,
+    result_panels,
+)
 from stormguard.sim.scenario import Scenario, from_dict
 
-__all__ = ["DOCUMENTS", "SaleNight", "report", "scenario", "scenarios", "simulate"]
+__all__ = ["DOCUMENTS", "SaleNight", "inbound", "inbound_figures", "inbound_rows", "report",
+           "scenario", "scenarios", "simulate"]
 
 SLOWDOWN_AT = 5.0
 
@@ -35,7 +43,22 @@ DOCUMENTS: dict[str, Any] = {
                     "with_budget_per_s": 1_100},
     "breaker_opened_within_s": 3.0,
     "bulkhead": {"payment_success_rate": 1.0, "inventory_success_rate": 1.0},
+    # the inbound night (scenario "inbound"): a bot at 500 requests/s against a per-user
+    # limit of 20/s on one shared store; 1,000 users at 2.1 requests/s each at the peak
+    # (never near 20); the surge at 3x sheds the sheddable tier first (its cap, 50 of the
+    # 100 slots per instance, is below the 52.5 that critical and degraded work takes at
+    # 3x) and never the critical one; the SMS sent while the provider is slow (300 orders/s
+    # for 15 s) are deferred and all of them drained, none lost
+    # (the deferrals' arithmetic depends on when each breaker closes again: it is computed
+    # from the run, 150 orders/s per instance x the time from the slowdown to that)
+    "inbound": {"bot_admitted_per_s": 20, "users_limited": 0, "critical_shed": 0,
+                "lost": 0, "dead": 0},
 }
+
+#: the inbound night's timeline: the surge (3x) from 20 s to 60 s, the SMS provider at
+#: 30 s latency from 30 s to 45 s
+SURGE = (20.0, 60.0)
+SMS_SLOW = (30.0, 45.0)
 
 _BREAKER = {"circuit_breaker": {"window": 20, "failure_rate": 0.5, "open_for": "30s",
                                 "half_open_calls": 3}}
@@ -112,10 +135,121 @@ def scenarios() -> dict[str, dict[str, Any]]:
                         [{"bulkhead": {"max_concurrent": 80}}]],
                  description="SMS at 30 s, bulkheads: SMS 20, payment 100, inventory 80 threads")
     s["bulkhead"] = bulk
+    s["inbound"] = inbound()
     s["no_bulkhead"] = _base("no_bulkhead", 30, (10, 30), threads=200, sms=_slow(),
                              sms_policies=[{"fallback": {}}],
                              description="the same without the bulkheads")
     return s
+
+
+def inbound() -> dict[str, Any]:
+    """The night seen from the front door: rate limits, load shedding, deferred SMS."""
+    breaker = {"circuit_breaker": {"window": 20, "failure_rate": 0.5, "open_for": "5s",
+                                   "half_open_calls": 3}}
+
+    def surge(rate: float) -> list[dict[str, Any]]:
+        return [{"at": 0, "rate": rate}, {"at": SURGE[0], "rate": 3 * rate, "ramp": "2s"},
+                {"at": SURGE[1], "rate": rate}]
+
+    users = {"count": 1000, "user": "user-{i}"}
+    return {
+        "name": "inbound", "seed": 11, "duration": 90,
+        "description": "3x surge at 20-60 s, SMS at 30 s latency from 30 to 45 s; a bot at "
+                       "500 requests/s; per-user limit 20/s, tiered shedding, SMS deferred",
+        "measure": {"start": 25, "end": 55},
+        "dependencies": {
+            "payment": {"latency": "100ms"},
+            "sms": {"latency": "5ms", "changes": [{"at": SMS_SLOW[0], "latency": "30s"},
+                                                 {"at": SMS_SLOW[1], "latency": "5ms"}]}},
+        "queues": {"sms": {"call": "sms", "rate": 300, "concurrency": 50,
+                           "policies": [breaker, {"timeout": "2s"}]}},
+        "services": {"shop": {
+            "instances": 2, "threads": None,
+            "rate_limit": {"store": "shared", "rules": [
+                {"name": "per-user", "scope": "user", "limit": 20, "window": "1s",
+                 "algorithm": "fixed_window"}]},
+            "load_shedding": {"limit": 100, "queue_timeout": "50ms", "priorities": {
+                "POST /checkout*": "critical", "GET /products*": "degraded",
+                "GET /recommendations*": "sheddable"}},
+            "endpoints": {
+                "order": {"route": "POST /checkout", "steps": [
+                    {"work": "100ms"}, {"call": "payment"},
+                    {"call": "sms", "policies": [{"defer": {"queue": "sms"}}, breaker,
+                                                 {"timeout": "300ms"}]}]},
+                "browse": {"route": "GET /products", "steps": [{"work": "50ms"}]},
+                "recommendations": {"route": "GET /recommendations",
+                                    "steps": [{"work": "100ms"}]}}}},
+        "traffic": [
+            {"name": "orders", "target": "shop.order", "keys": users,
+             "arrival": {"process": "poisson", "rate": surge(100)}},
+            {"name": "browse", "target": "shop.browse", "keys": users,
+             "arrival": {"process": "poisson", "rate": surge(300)}},
+            {"name": "recommendations", "target": "shop.recommendations", "keys": users,
+             "arrival": {"process": "poisson", "rate": surge(300)}},
+            {"name": "bot", "target": "shop.browse", "keys": {"user": "bot-1"},
+             "arrival": {"process": "constant", "rate": 500}}],
+    }
+
+
+def inbound_figures(r: Result) -> dict[str, Any]:
+    """The inbound night's figures (see ``DOCUMENTS["inbound"]``)."""
+    lo, hi = r.window()
+    users = ("orders", "browse", "recommendations")
+    shed = r.inbound_summary()["shop"]["shedding"]["tiers"]
+    tiers = r.tier_summary()
+    q = r.queue_summary()["sms"]
+    before = r.series.total("shed:shop:sheddable", 0, SURGE[0])
+    # the arithmetic of the deferrals: every SMS call of an instance from the slowdown
+    # until its breaker closes again (a probe after the recovery) is deferred, at that
+    # instance's share of the orders (round robin)
+    closed: dict[str, float] = {}
+    for at, name, _old, new in r.transitions:
+        policy, _, inst = name.partition("#")
+        if policy == "sms" and inst != "-1" and new == "closed" and at >= SMS_SLOW[1]:
+            closed.setdefault(inst, at)
+    per_instance = 3 * 100 / r.scenario.services["shop"]["instances"]
+    expected = sum(per_instance * (at - SMS_SLOW[0]) for at in closed.values())
+    return {
+        "bot_admitted_per_s": round(r.admitted_per_s("bot"), 2),
+        "bot_limited_rate": round(r.outcome_rates("bot")["limited"], 4),
+        "users_limited": sum(r.series.total(f"{t}:limited") for t in users),
+        "shed_rate": {t: round(tiers[t]["shed_rate"], 4) for t in tiers},
+        "shed": {t: v["shed"] for t, v in shed.items()},
+        "shed_before_surge": before,
+        "critical_served_rate": round(tiers["critical"]["success_rate"]
+                                      + tiers["critical"]["fallback_rate"], 4),
+        "deferred": q["deferred"], "deferred_arithmetic": round(expected),
+        # the orders that arrived while the provider was slow (every one's SMS deferred)
+        "orders_while_slow": r.series.total("orders:arrivals", *SMS_SLOW),
+        "deferred_of_those": r.series.total("orders:fallback", *SMS_SLOW),
+        "breakers_closed_at_s": sorted(round(at, 3) for at in closed.values()),
+        "drained": q["drained"], "dead": q["dead"],
+        "lost": q["lost"], "pending_at_end": q["pending_at_end"] + q["in_flight_at_end"],
+        "peak_pending": q["peak_pending"], "drained_at_s": q["drained_at_s"],
+        "window_s": [lo, hi]}
+
+
+def inbound_rows(ib: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """The inbound night's rows of the table: (figure, simulated, arithmetic, difference)."""
+    doc = DOCUMENTS["inbound"]
+
+    def diff(sim: float, ref: float) -> str:
+        return f"{(sim - ref) / ref:+.1%}" if ref else ""
+
+    return [
+        ("bot admitted per s (500/s, per-user limit 20/s)", f"{ib['bot_admitted_per_s']:.1f}",
+         f"{doc['bot_admitted_per_s']:.1f}",
+         diff(ib["bot_admitted_per_s"], doc["bot_admitted_per_s"])),
+        ("users' requests denied (2.1/s each at the peak)", f"{ib['users_limited']:,}", "0", ""),
+        ("sheddable requests shed at 3x", f"{ib['shed_rate']['sheddable']:.1%}", "most",
+         f"degraded: {ib['shed_rate']['degraded']:.1%}"),
+        ("critical requests served at 3x", f"{ib['critical_served_rate']:.1%}", "all",
+         f"shed: {ib['shed']['critical']:,}"),
+        ("SMS deferred, slowdown until each breaker closes", f"{ib['deferred']:,}",
+         f"{ib['deferred_arithmetic']:,}", diff(ib["deferred"], ib["deferred_arithmetic"])),
+        ("SMS drained / dead / lost", f"{ib['drained']:,} / {ib['dead']:,} / {ib['lost']:,}",
+         "all / 0 / 0", ""),
+    ]
 
 
 @dataclass
@@ -159,6 +293,8 @@ class SaleNight:
                      "full speed", f"without: {b['without']['payment_success_rate']:.1%}"))
         rows.append(("inventory calls served, bulkheads", f"{b['inventory_success_rate']:.1%}",
                      "full speed", f"without: {b['without']['inventory_success_rate']:.1%}"))
+        if f.get("inbound") is not None:
+            rows += inbound_rows(f["inbound"])
         return rows
 
     def panels(self) -> list[Panel]:
@@ -174,7 +310,9 @@ class SaleNight:
                  True, threads),
                 ("SMS calls/s with the provider down, 1,000 orders/s", "calls/s", False, calls),
                 ("orders by outcome, breaker + fallback + 1 s timeout", "share", False,
-                 outcome_lines(r["breaker"], "orders"))]
+                 outcome_lines(r["breaker"], "orders")),
+                *[(f"inbound night: {title}", ylabel, log, lines)
+                  for title, ylabel, log, lines in result_panels(r["inbound"])[3:]]]
 
     def text(self) -> str:
         rows = [("figure", "simulated", "arithmetic", "difference"), *self.table()]
@@ -235,6 +373,7 @@ def simulate(progress: Callable[[str], None] | None = None) -> SaleNight:
                      "cart_success_rate": round(pool.outcome_rates("cart")["success"], 4),
                      "orders_queued_mean": round(pool.queued["checkout"].mean(*pool.window()),
                                                  1)},
+        "inbound": inbound_figures(r["inbound"]),
         "arithmetic": DOCUMENTS,
     }
     return SaleNight(results=results, figures=figures)

@@ -12,7 +12,7 @@ filled in); ``from_dict(s.to_dict()) == s`` and :func:`dump` writes it back as Y
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -44,6 +44,7 @@ class Scenario:
     services: dict[str, dict[str, Any]]
     traffic: list[dict[str, Any]]
     description: str = ""
+    queues: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
@@ -54,6 +55,8 @@ class Scenario:
             "measure": {"start": self.measure[0], "end": self.measure[1]},
             "dependencies": self.dependencies, "services": self.services,
             "traffic": self.traffic})
+        if self.queues:
+            out["queues"] = self.queues
         return json.loads(json.dumps(out))  # type: ignore[no-any-return]
 
 
@@ -168,10 +171,18 @@ def from_dict(data: object) -> Scenario:  # noqa: PLR0915 -- one pass over the s
                                       f"no such dependency (known: {', '.join(deps) or 'none'})")
                 steps.append({"call": step["call"], "policies": list(step.get("policies", []))})
             endpoints[ename] = {"steps": steps}
+            if "route" in espec:
+                endpoints[ename]["route"] = _route(f"{f}.endpoints.{ename}.route",
+                                                   espec["route"])
         services[sname] = {"instances": int(spec.get("instances", 1)),
                            "threads": spec.get("threads", 200),
                            "queue_limit": spec.get("queue_limit"),
                            "endpoints": endpoints}
+        if "rate_limit" in spec:
+            services[sname]["rate_limit"] = _rate_limit(f"{f}.rate_limit", spec["rate_limit"])
+        if "load_shedding" in spec:
+            services[sname]["load_shedding"] = _shedding(f"{f}.load_shedding",
+                                                         spec["load_shedding"])
 
     traffic = []
     seen: set[str] = set()
@@ -203,16 +214,136 @@ def from_dict(data: object) -> Scenario:  # noqa: PLR0915 -- one pass over the s
                     "jitter": r.get("jitter", "full")}
                 if layer["retry"]["base"] > layer["retry"]["max_delay"]:
                     raise ConfigError(f"{cf}.retry.base", r.get("base"), "must be <= max_delay")
+                if r.get("retry_after"):
+                    layer["retry"]["retry_after"] = True
+                if "max_retry_after" in r:
+                    layer["retry"]["max_retry_after"] = validate.duration(
+                        f"{cf}.retry.max_retry_after", r["max_retry_after"], allow_zero=True)
             clients.append(layer)
-        traffic.append({"name": t["name"], "target": t["target"],
-                        "arrival": {"process": t["arrival"].get("process", "poisson"),
-                                    "rate": _rate(f"{f}.arrival.rate", t["arrival"]["rate"])},
-                        "clients": clients})
+        entry = {"name": t["name"], "target": t["target"],
+                 "arrival": {"process": t["arrival"].get("process", "poisson"),
+                             "rate": _rate(f"{f}.arrival.rate", t["arrival"]["rate"])},
+                 "clients": clients}
+        if "keys" in t:
+            entry["keys"] = _keys(f"{f}.keys", t["keys"])
+        if "priority" in t:
+            if "load_shedding" not in services[sname]:
+                raise ConfigError(f"{f}.priority", t["priority"],
+                                  f"applies only to a service with load_shedding ({sname} "
+                                  "has none)")
+            entry["priority"] = t["priority"]
+        traffic.append(entry)
+    queues: dict[str, dict[str, Any]] = {}
+    for qname, q in data.get("queues", {}).items():
+        queues[qname] = _queue(f"queues.{qname}", q, deps)
     scenario = Scenario(name=name, duration=duration, seed=seed, measure=(start, end),
                         dependencies=deps, services=services, traffic=traffic,
-                        description=str(data.get("description", "")))
+                        description=str(data.get("description", "")), queues=queues)
     _check_policies(scenario)
     return scenario
+
+
+def _route(where: str, value: Any) -> str:
+    """An endpoint's route, ``"METHOD /path"`` (what rate-limit rules and load-shedding
+    priorities match)."""
+    from stormguard.ratelimit.rules import METHODS
+
+    text = validate.text(where, value)
+    method, _, path = text.strip().partition(" ")
+    if method.upper() not in METHODS or not path.strip().startswith("/"):
+        raise ConfigError(where, value, "must be 'METHOD /path', such as 'POST /checkout'")
+    return f"{method.upper()} {path.strip()}"
+
+
+def _rate_limit(where: str, spec: dict[str, Any]) -> dict[str, Any]:
+    from stormguard.sim.inbound import build_rules
+
+    rules = build_rules(f"{where}.rules", spec["rules"])
+    out = {"rules": rules.to_data()["rules"], "store": spec.get("store", "shared")}
+    if out["store"] == "hybrid":
+        out["sync_interval"] = validate.duration(f"{where}.sync_interval",
+                                                 spec.get("sync_interval", 0.1))
+        out["hot_rate"] = validate.number(f"{where}.hot_rate", spec.get("hot_rate", 0.0),
+                                          allow_zero=True)
+    else:
+        for key in ("sync_interval", "hot_rate"):
+            if key in spec:
+                raise ConfigError(f"{where}.{key}", spec[key], "applies only to store: hybrid")
+    return out
+
+
+def _shedding(where: str, spec: dict[str, Any]) -> dict[str, Any]:
+    from stormguard.sim.inbound import build_priorities, build_shedder
+    from stormguard.sim.runtime import SimClock
+
+    out: dict[str, Any] = {}
+    limit = spec.get("limit")
+    if isinstance(limit, dict):
+        a = dict(limit["adaptive"])
+        if "window" in a:
+            a["window"] = validate.duration(f"{where}.limit.adaptive.window", a["window"])
+        out["limit"] = {"adaptive": a}
+    else:
+        out["limit"] = limit
+    for key, default in (("queue_timeout", 0.05), ("codel_target", 0.005),
+                         ("codel_interval", 0.1), ("retry_after", 1.0)):
+        out[key] = validate.duration(f"{where}.{key}", spec.get(key, default),
+                                     allow_zero=key in ("queue_timeout", "retry_after"))
+    out["max_queue"] = spec.get("max_queue", 1000)
+    if spec.get("shares") is not None:
+        out["shares"] = dict(spec["shares"])
+    out["priorities"] = dict(spec.get("priorities", {}))
+    out["default"] = spec.get("default", "degraded")
+    build_priorities(where, out)
+    build_shedder(where, out, SimClock(), "check")
+    return out
+
+
+def _keys(where: str, spec: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"count": spec.get("count", 1)}
+    templates: dict[str, str] = {k: validate.text(f"{where}.{k}", spec[k])
+                                 for k in ("user", "api_key", "ip")
+                 if k in spec}
+    if not templates:
+        raise ConfigError(where, spec, "names no client: give user, api_key or ip (a name, "
+                          "or a template with {i}, the client's rank)")
+    if out["count"] > 1:
+        for k, t in templates.items():
+            if "{i}" not in t:
+                raise ConfigError(f"{where}.{k}", t, f"must contain {{i}} to tell the "
+                                  f"{out['count']} clients apart")
+        out["popularity"] = spec.get("popularity", "uniform")
+        if out["popularity"] == "zipf":
+            out["exponent"] = validate.number(f"{where}.exponent", spec.get("exponent", 1.0))
+    out.update(templates)
+    if "tier" in spec:
+        out["tier"] = validate.text(f"{where}.tier", spec["tier"])
+    return out
+
+
+def _queue(where: str, spec: dict[str, Any], deps: dict[str, Any]) -> dict[str, Any]:
+    if spec["call"] not in deps:
+        raise ConfigError(f"{where}.call", spec["call"],
+                          f"no such dependency (known: {', '.join(deps) or 'none'})")
+    b = spec.get("backoff", {})
+    out: dict[str, Any] = {
+        "call": spec["call"], "policies": list(spec.get("policies", [])),
+        "rate": spec.get("rate"), "concurrency": spec.get("concurrency", 8),
+        "max_attempts": spec.get("max_attempts", 10),
+        "backoff": {"base": validate.duration(f"{where}.backoff.base", b.get("base", 1.0),
+                                              allow_zero=True),
+                    "multiplier": float(b.get("multiplier", 2.0)),
+                    "max_delay": validate.duration(f"{where}.backoff.max_delay",
+                                                   b.get("max_delay", 60.0), allow_zero=True),
+                    "jitter": float(b.get("jitter", 0.5))},
+        "visibility_timeout": validate.duration(f"{where}.visibility_timeout",
+                                                spec.get("visibility_timeout", 30.0)),
+        "poll_interval": validate.duration(f"{where}.poll_interval",
+                                           spec.get("poll_interval", 0.1)),
+        "start": validate.duration(f"{where}.start", spec.get("start", 0.0), allow_zero=True)}
+    if out["backoff"]["max_delay"] < out["backoff"]["base"]:
+        raise ConfigError(f"{where}.backoff.max_delay", b.get("max_delay"), "must be >= base")
+    return out
 
 
 def _check_policies(scenario: Scenario) -> None:
@@ -222,8 +353,20 @@ def _check_policies(scenario: Scenario) -> None:
     from stormguard.sim.policies import BuildContext, build_policies
     from stormguard.sim.runtime import SimClock
 
-    ctx = BuildContext(clock=SimClock(), rng=random.Random(0), listener=lambda _e: None,
-                       instance=0)
+    clock = SimClock()
+    queues: dict[str, Any] = {}
+    if scenario.queues:
+        from stormguard.sim.inbound import memory_queue
+
+        queues = {q: memory_queue(q, clock) for q in scenario.queues}
+    ctx = BuildContext(clock=clock, rng=random.Random(0), listener=lambda _e: None,
+                       instance=0, queues=queues)
+    for qname, q in scenario.queues.items():
+        where = f"queues.{qname}.policies"
+        policies = build_policies(q["policies"], ctx, where, q["call"])
+        if any(type(p).__name__ == "DeferFallback" for p in policies):
+            raise ConfigError(where, q["policies"], "a worker's pipeline cannot defer: a job "
+                              "that fails would be deferred again instead of retried")
     for sname, svc in scenario.services.items():
         for ename, ep in svc["endpoints"].items():
             for k, step in enumerate(ep["steps"]):

@@ -89,8 +89,14 @@ class MemoryStore(Store):
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MemoryStore:
-        """``memory://`` with an optional ``?max_keys=N``."""
-        query = parse_qs(urlsplit(url).query)
+        """``memory://`` with an optional ``?max_keys=N`` (any other parameter is refused)."""
+        query = parse_qs(urlsplit(url).query, keep_blank_values=True)
+        unknown = sorted(set(query) - {"max_keys"})
+        if unknown:
+            what = "query parameter" if len(unknown) == 1 else "query parameters"
+            raise ConfigError("url", unknown, f"unknown {what} "
+                              f"{', '.join(map(repr, unknown))}: a memory:// URL takes "
+                              "max_keys only")
         if "max_keys" in query and "max_keys" not in options:
             try:
                 options["max_keys"] = int(query["max_keys"][0])

@@ -74,7 +74,8 @@ def parse_cluster_url(url: str, *, timeout: float, connect_timeout: float,
         if not host or not port.isdigit():
             raise ConfigError("url", url, f"cluster node {item!r} must be host:port")
         nodes.append((unquote(host.strip("[]")), int(port)))
-    first = f"{'rediss' if tls else 'redis'}://{auth}{nodes[0][0]}:{nodes[0][1]}/0"
+    query = f"?{parts.query}" if parts.query else ""  # connection options, for every node
+    first = f"{'rediss' if tls else 'redis'}://{auth}{nodes[0][0]}:{nodes[0][1]}/0{query}"
     base = Endpoint.from_url(first, timeout=timeout, connect_timeout=connect_timeout,
                              options=options)
     return nodes, base

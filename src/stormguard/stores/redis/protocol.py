@@ -13,6 +13,8 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import ssl
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -24,7 +26,7 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError
 from stormguard._core.errors import ConfigError, StorageError
 
 __all__ = ["ASKING", "BACKEND_ERRORS", "CLUSTER_SLOTS", "Command", "Endpoint", "PoolFull",
-           "is_noscript", "pack", "storage_error", "tls_context"]
+           "connection_options", "is_noscript", "pack", "storage_error", "tls_context"]
 
 #: Errors that mean "the server or the network failed" (they count towards the breaker).
 BACKEND_ERRORS = (RedisError, OSError, asyncio.TimeoutError, hiredis.ProtocolError)
@@ -117,6 +119,24 @@ class Endpoint(NamedTuple):
         kwargs = {**self.connection_kwargs, "host": host, "port": port}
         params = {**self.params, "host": host, "port": port}
         return Endpoint(f"{host}:{port}", self.connection_class, kwargs, params, self.tls)
+
+
+@functools.cache
+def connection_options(scheme: str) -> frozenset[str]:
+    """The keyword options redis-py's connection class for ``scheme`` (``redis``,
+    ``rediss`` or ``unix``) accepts: what a URL's query may carry besides the store's."""
+    from redis.connection import Connection, SSLConnection, UnixDomainSocketConnection
+
+    cls = {"rediss": SSLConnection, "unix": UnixDomainSocketConnection}.get(scheme, Connection)
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is object:
+            continue
+        names.update(p.name for p in inspect.signature(init).parameters.values()
+                     if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD,
+                                                         p.KEYWORD_ONLY))
+    return frozenset(names)
 
 
 def tls_context(params: dict[str, Any]) -> ssl.SSLContext:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from stormguard._core import validate
 from stormguard._core.breaker import BreakerMachine
@@ -49,6 +50,7 @@ from stormguard.stores.base import (
     key_error,
 )
 from stormguard.stores.redis.cluster import ClusterTransport
+from stormguard.stores.redis.protocol import connection_options
 from stormguard.stores.redis.ratelimit_scripts import (
     RATELIMIT,
     RESERVE,
@@ -75,6 +77,54 @@ def _reject(name: str, reason: str, remaining: float) -> BaseException:
 
 
 _PING = Command.of("PING")
+
+# the store options a URL's query may carry, and their types (clock and listeners are
+# objects: keywords only)
+_URL_OPTIONS: dict[str, type] = {
+    "prefix": str, "time_source": str, "timeout": float, "connect_timeout": float,
+    "breaker_threshold": int, "breaker_cooldown": float, "max_connections": int,
+    "ttl_slack": float}
+
+
+def url_options(url: str, options: dict[str, Any], *,
+                cluster: bool = False) -> tuple[str, dict[str, Any]]:
+    """Split a store URL's query: ``(the URL without the store's options, the options)``.
+
+    The store's options (``prefix``, ``time_source``, ``timeout``, ...) come out of the
+    query, typed; a keyword given in ``options`` wins over the same one in the query. The
+    rest of the query stays in the URL and must be redis-py connection options (of the
+    scheme's connection class); anything else is refused, naming it."""
+    if not isinstance(url, str) or "?" not in url:
+        return url, options
+    base, _, query = url.partition("?")
+    query = query.partition("#")[0]
+    merged = dict(options)
+    rest: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name in seen:
+            raise ConfigError(name, value, "is given twice in the URL's query")
+        seen.add(name)
+        conv = _URL_OPTIONS.get(name)
+        if conv is None:
+            rest.append((name, value))
+        elif name not in options:
+            try:
+                merged[name] = conv(value)
+            except ValueError:
+                raise ConfigError(name, value, "must be an integer" if conv is int
+                                  else "must be a number") from None
+    scheme = urlsplit(base).scheme.lower().removesuffix("+cluster")
+    accepted = connection_options(scheme)
+    unknown = [n for n, _ in rest if n not in accepted or (cluster and n == "db")]
+    if unknown:
+        what = "query parameter" if len(unknown) == 1 else "query parameters"
+        where = "a Redis Cluster has only database 0; " if "db" in unknown and cluster else ""
+        raise ConfigError("url", unknown, f"unknown {what} {', '.join(map(repr, unknown))}: "
+                          f"{where}a Redis store URL takes the store's options "
+                          f"({', '.join(_URL_OPTIONS)}) and redis-py's connection "
+                          "options (ssl_cert_reqs, client_name, ...)")
+    return (f"{base}?{urlencode(rest)}" if rest else base), merged
 
 
 class _RedisStore(Store):
@@ -321,6 +371,7 @@ class RedisStore(_RedisStore):
     """
 
     def __init__(self, url: str = "redis://127.0.0.1:6379/0", **options: Any) -> None:
+        url, options = url_options(url, options)
         super().__init__(url, **options)
         self.transport: RedisTransport = RedisTransport.from_url(
             url, **self._transport_options())
@@ -343,7 +394,9 @@ class RedisStore(_RedisStore):
         ``unix:///path?db=0``; options as for the constructor (``prefix``,
         ``time_source``, ``clock``, ``timeout``, ``connect_timeout``,
         ``breaker_threshold``, ``breaker_cooldown``, ``max_connections``, ``ttl_slack``,
-        ``listeners``, plus redis-py connection options)."""
+        ``listeners``, plus redis-py connection options). The URL's query takes the
+        same options but the objects (``redis://h:6379/0?prefix=app&timeout=0.1``); a
+        keyword wins over the query; an unknown parameter is refused."""
         return cls(url, **options)
 
 
@@ -356,6 +409,7 @@ class RedisClusterStore(_RedisStore):
     all (loading its slot map)."""
 
     def __init__(self, url: str, **options: Any) -> None:
+        url, options = url_options(url, options, cluster=True)
         super().__init__(url, **options)
         self.breaker = self._make_breaker("redis-cluster")
         self.breakers: dict[str, BreakerMachine] = {}
@@ -390,5 +444,6 @@ class RedisClusterStore(_RedisStore):
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisClusterStore:
         """``redis+cluster://[user:password@]h1:p1,h2:p2`` (``rediss+cluster://`` for TLS);
-        options as for :class:`RedisStore`."""
+        options as for :class:`RedisStore`, in the query too
+        (``redis+cluster://h1:p1,h2:p2?prefix=app``)."""
         return cls(url, **options)

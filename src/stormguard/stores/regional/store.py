@@ -10,8 +10,11 @@ in the middle of a window carries what the region already admitted.
 
 Every report also carries the sender's *claims* (the most it may enforce per key) and
 acknowledges the peers' reports it read. A region holds itself to ``1 - its peers'
-claims`` and raises only to a claim every peer has acknowledged, so the shares in force
-never sum to more than 1.
+claims`` and raises only up to the least claim its reports carried since the newest one
+every peer has acknowledged, so the shares in force never sum to more than 1. While a
+raise is pending, every region takes a half step between its regular syncs
+(:meth:`RegionalStore.half_sync`), so a raise lands within three sync intervals of a
+demand shift in any alignment of the syncs.
 
 Failure behaviour: a check never waits on a peer; ``sync()`` never raises (failures are
 counted in :meth:`RegionalStore.stats` and reported as :class:`.SyncFailed` events);
@@ -49,11 +52,28 @@ __all__ = ["RegionalStore"]
 
 _log = logging.getLogger("stormguard")
 
+_PUBLISHED = 16  # the claims kept per key for the grant rule (see _plan_key)
+
 # the token bucket keeps what is *left* and GCRA a time scaled by the limit: neither
 # carries what was admitted across a change of the limit. The leaky bucket (as a meter)
 # admits exactly the same requests and keeps what was *spent*: under demand shares the
 # two are enforced as the leaky bucket, under a storage identity of its own.
 _AS_LEAKY = ("token_bucket", "gcra")
+
+# a raise pending by more than this (a fraction of the limit) hurries the syncs: the
+# claimant and its peers sync again half-way to their next regular sync, so the claim is
+# read and acknowledged, and the acknowledgement read, in half the time. Smaller moves
+# (the noise of steady demand: a 0.2 share measured over 10 requests moves by 0.02) wait
+# for the next regular sync.
+HURRY = 0.05
+# a region keeps its share when the computed one is less than this (a fraction of the
+# limit) below it: the demand of a small region measured over one interval moves by a
+# request or two (0.2 of a limit of 100 over half a second is 10 requests), and a cut
+# applies at once while the raise back waits for acknowledgements, so without it every
+# dip of the measure denies that region's users. A cut of more applies at once (a
+# demand shift); the global total stays within the limit either way (the region's claim
+# does not move), at most this much per region stays unused.
+HOLD = 0.03
 
 
 @dataclass(slots=True)
@@ -66,11 +86,16 @@ class _Entry:
     rule: Rule | None = None
     local: Rule | None = None
     active: float = 0.0  # monotonic time of the last demand anyone reported
-    # the claims this region published and no peer has acknowledged yet: (seq, claim),
-    # oldest first. A claim is the most this region may enforce (max of the enforced
-    # share and the one it wants): peers hold themselves to 1 - the others' claims
-    claims: list[tuple[int, float]] = field(default_factory=list)
+    # the claim of this region's latest report: the most it may enforce (the larger of
+    # the enforced share and the one it wants): peers hold themselves to 1 - the others'
+    # claims
     claim: float = 0.0
+    # the claims this region's reports carried for the key: (seq, claim), each from the
+    # report `seq` until the next item's, kept from the newest report every peer has
+    # read on. Every peer holds itself to one of them, so this region may enforce up
+    # to their minimum at once (see _plan_key). Before the entry existed its reports
+    # claimed the static weight (a key left out of a report is claimed at the weight)
+    published: list[tuple[int, float]] = field(default_factory=list)
 
 
 def _check_regions(stores: object) -> dict[str, Any]:
@@ -165,6 +190,9 @@ class RegionalStore(Store):
         self._peer_held: dict[str, dict[tuple[str, str], float]] = {}  # their enforced
         self._rank = {r: i for i, r in enumerate(sorted(self.regions))}
         self._lost: set[str] = set()
+        self._peer_hurry: dict[str, bool] = {}  # peer -> its last report had a raise pending
+        self._hurry = False  # a raise pending, here or at a fresh peer: sync again sooner
+        self._lag = 0.0  # seconds the background syncs started after they were due
         self._seq = 0
         self._last_sync: float | None = None
         self._counts: dict[str, int] = {"syncs": 0, "sync_failures": 0, "read_failures": 0,
@@ -463,24 +491,99 @@ class RegionalStore(Store):
     # -- the sync ---------------------------------------------------------------------
     def _run(self) -> None:
         # a fixed rate: a sync every interval from the start (the next one at once when a
-        # sync took longer than the interval), not an interval after each sync
+        # sync took longer than the interval), not an interval after each sync; while a
+        # raise is pending (pending()), one more sync half-way to the next regular one
         interval = self.sync_interval or 1.0
         due = time.monotonic()
         while not self._stop.is_set():
+            self._lag += max(0.0, time.monotonic() - due)
             self.sync()
             due = max(due + interval, time.monotonic())
+            half = due - interval / 2
+            self._quarter(half - interval / 4)
+            self._stop.wait(max(0.0, half - time.monotonic()))  # real time: half the period
+            if not self._stop.is_set() and self.half_sync():
+                self._lag += max(0.0, time.monotonic() - half)
+            self._quarter(due - interval / 4)
             self._stop.wait(max(0.0, due - time.monotonic()))  # real time: the period
+
+    def _quarter(self, at: float) -> None:
+        """Poll at ``at`` while a raise of this region is pending."""
+        if self._raising():
+            self._stop.wait(max(0.0, at - time.monotonic()))  # real time: a quarter period
+            if not self._stop.is_set():
+                self.poll()
+
+    def half_sync(self) -> bool:
+        """The step half-way between two regular syncs: a sync if a raise is pending,
+        here (:meth:`pending`) or at a peer (its report in this region's own board says
+        so: one in-region read), else nothing. Returns whether it synced. The background
+        sync runs it; a driver of :meth:`sync` with ``sync_interval=None`` may too. So a
+        claim is read and acknowledged, and the acknowledgement read, within half an
+        interval; a hurried sync reports the demand of the last regular one."""
+        if self.split != "demand":
+            return False
+        if not self._hurry:
+            try:
+                reports = self._boards[self.region].read()
+            except Exception:  # the sync that follows counts what fails
+                return False
+            if not any(sender != self.region and sender in self._publish_failures
+                       and raw.find(b'"hurry":true', 0, 200) >= 0
+                       for sender, raw in reports.items()):
+                return False
+        self._sync_now(hurried=True)
+        return True
+
+    def poll(self) -> bool:
+        """While this region's own raise is pending: read its board (in region, no write)
+        and raise where every peer has acknowledged the claim since the last sync, as
+        the next sync would. Returns whether a share rose. The background sync polls a
+        quarter of an interval after each sync while a raise is pending (an
+        acknowledgement written at a peer's half step is then taken a quarter of an
+        interval later, not half)."""
+        if self.split != "demand" or not self._raising():
+            return False
+        with self._sync_lock:
+            now = self.clock.monotonic()
+            self._receive(now)  # counts its own failures, never raises
+            if len(self._fresh(now)) < len(self.regions):
+                return False  # nobody raises while a peer is stale
+            acked = min((self._acks.get(p, 0) for p in self.peers), default=self._seq)
+            raised = False
+            for k, entry in self._table.items():
+                if entry.claim - entry.enforced <= 1e-12:
+                    continue
+                published = entry.published
+                while len(published) > 1 and published[1][0] <= acked:
+                    published.pop(0)
+                cap = max(0.0, 1.0 - sum(self._claims_for(k).values()))
+                new = min(entry.computed, cap, *(c for _, c in published))
+                if new > entry.enforced + 1e-12:
+                    self._install(k, entry, None, entry.enforced, new, True, now)
+                    raised = True
+            return raised
+
+    def pending(self) -> bool:
+        """Whether a raise is pending: this region, or a fresh peer whose last report it
+        read, has claimed more than it enforces (by more than 5 % of the limit) and waits
+        for the acknowledgements: :meth:`half_sync` then syncs. False in a partition
+        (nobody claims then)."""
+        return self._hurry
 
     def sync(self) -> None:
         """Publish this region's demand to every peer, read the peers' reports, recompute
         the shares. Never raises: failures are counted in :meth:`stats`."""
         if self.split != "demand":
             return
+        self._sync_now(hurried=False)
+
+    def _sync_now(self, hurried: bool) -> None:
         with self._sync_lock:
             start = self.clock.monotonic()
             began = time.perf_counter()  # what the sync cost in real time, for stats()
             try:
-                self._sync(start)
+                self._sync(start, hurried)
             except Exception as exc:  # sync() never raises; the failure is counted
                 _log.warning("stormguard regional sync of %r failed", self.region,
                              exc_info=True)
@@ -509,7 +612,8 @@ class RegionalStore(Store):
         return counts, own, rules, interval
 
     def _encode(self, counts: dict[tuple[str, str], list[int]],
-                own: dict[tuple[str, str], float], interval: float) -> bytes:
+                own: dict[tuple[str, str], float], interval: float,
+                hurry: bool = False) -> bytes:
         """The report: per key this region's demand, counts and claim (every key of the
         share table: a key left out is claimed at the static weight)."""
         rows = []
@@ -520,7 +624,8 @@ class RegionalStore(Store):
         for k, d in own.items():
             if k not in self._table:
                 rows.append([k[0], k[1], d, *counts[k], w, w])
-        return json.dumps({"v": 1, "region": self.region, "seq": self._seq,
+        # "hurry" first: half_sync finds it in the first bytes without decoding
+        return json.dumps({"hurry": hurry, "v": 1, "region": self.region, "seq": self._seq,
                            "epoch": self._epoch, "interval": interval,
                            "acks": {p: list(es) for p, es in self._peer_seq.items()},
                            "keys": rows}, separators=(",", ":")).encode()
@@ -541,8 +646,11 @@ class RegionalStore(Store):
                 claim = float(row[6]) if len(row) > 6 else self.weights[self.region]
                 shares = dict(self.weights)
                 shares[self.region] = claim
+                # what the reports before the restored one claimed is unknown: nothing
+                # is free until the peers have read the restored claims
                 self._table[(str(row[0]), str(row[1]))] = _Entry(
-                    shares, claim, claim, active=now, claim=claim)
+                    shares, claim, claim, active=now, claim=claim,
+                    published=[(0, 0.0), (seq, claim)])
             self._seq = seq
             self._epoch = str(report.get("epoch", self._epoch))
         except Exception as exc:  # a restart without its last report starts from weights
@@ -605,6 +713,7 @@ class RegionalStore(Store):
                 self._peer_demand[sender] = demand
                 self._peer_claim[sender] = claims
                 self._peer_held[sender] = held
+                self._peer_hurry[sender] = report.get("hurry") is True
                 ack = report.get("acks", {}).get(self.region)
                 self._acks[sender] = (int(ack[1]) if isinstance(ack, list) and len(ack) == 2
                                       and ack[0] == self._epoch else 0)
@@ -625,9 +734,11 @@ class RegionalStore(Store):
                     emit(self._listeners, PeerLost(self._policy, now, peer, now - heard))
         return fresh
 
-    def _sync(self, now: float) -> None:
+    def _sync(self, now: float, hurried: bool = False) -> None:
         # read, compute, then publish: the report carries the demand the new shares were
-        # computed from, the claims, and the acknowledgements of the peers' reports
+        # computed from, the claims, and the acknowledgements of the peers' reports. A
+        # hurried sync measures the demand since the sync before, like any (reporting
+        # the last regular sync's instead was measured slower, docs/regions.md)
         counts, own, rules, interval = self._collect(now)
         self._seq += 1
         self._receive(now)
@@ -647,7 +758,15 @@ class RegionalStore(Store):
                 if peer != self.region:
                     demand[peer] = self._peer_demand.get(peer, {}).get(k, 0.0)
             self._plan_key(k, demand, fresh, isolated, acked, rules.get(k[0]), now)
-        self._publish(self._encode(counts, own, interval))
+        mine = self._raising()
+        self._hurry = mine or any(self._peer_hurry.get(p, False) for p in fresh
+                                  if p != self.region)
+        self._publish(self._encode(counts, own, interval, mine))
+
+    def _raising(self) -> bool:
+        """Whether this region claims more than it enforces, by more than ``HURRY``, for
+        some key (a raise waits for the peers' acknowledgements)."""
+        return any(e.claim - e.enforced > HURRY for e in self._table.values())
 
     def _claim_of(self, peer: str, k: tuple[str, str]) -> float:
         """The most ``peer`` may enforce for ``k``: its last claim, else its weight (what
@@ -702,7 +821,10 @@ class RegionalStore(Store):
         else:
             return  # nobody wants it and nothing is known: the static weights hold
         old = entry.enforced if entry is not None else weight
-        claims = entry.claims if entry is not None else []
+        claim = None  # what this region wants beyond what it enforces, if anything
+        published = entry.published if entry is not None else [(0, weight)]
+        while len(published) > 1 and published[1][0] <= acked:
+            published.pop(0)  # reports older than any a peer may still hold to
         others = self._claims_for(k)
         cap = max(0.0, 1.0 - sum(others.values()))
         # stale peers keep (at most) what they last claimed; the fresh ones water-fill
@@ -713,7 +835,6 @@ class RegionalStore(Store):
             new = enforced_share(0.0, old, weight, True)
             shares = dict(last)
             shares[self.region] = computed = new
-            claims = []
         elif len(fresh) < len(self.regions):
             # a peer is stale: nobody can raise (it acknowledges nothing), so keep the
             # share (within the cap) and claim nothing more, which would only squeeze
@@ -722,33 +843,75 @@ class RegionalStore(Store):
                                  self.min_share)
             computed = shares[self.region]
             new = min(old, cap)
-            claims = []
         else:
             shares = plan_shares(self.regions, demand, fresh, last, self.weights,
                                  self.min_share)
             computed = shares[self.region]
-            new = min(enforced_share(computed, old, weight, False), cap)  # cuts at once
-            granted = [c for seq, c in claims if seq <= acked]
-            if granted:
-                new = max(new, min(computed, cap, granted[-1]))  # the peers held back
-            claims = [(seq, c) for seq, c in claims if seq > acked]
+            # cuts at once, but a small one waits (HOLD)
+            target = old if old - HOLD <= computed < old else computed
+            new = min(enforced_share(target, old, weight, False), cap)
+            # every peer has read one of the reports from `acked` on, and so holds
+            # itself to the claim it carried: up to the least of those claims is free
+            # (a claim every peer acknowledged, or a share squeezed below a claim that
+            # never dropped: it comes back at once)
+            granted = min(c for _, c in published)
+            new = max(new, min(computed, cap, granted))  # the peers held back
             if computed > new + 1e-12:
-                # claim what is wanted, within what the peers leave free: their claims,
-                # except the growth of the peers ranked after this region (when two
-                # regions grow into the same room at once, the first by name keeps
-                # its claim and the other yields, instead of both blocking)
-                mine = self._rank[self.region]
-                taken = sum(c if self._rank[p] < mine else self._held_of(p, k, c)
-                            for p, c in others.items())
-                want = min(computed, max(new, 1.0 - taken))
-                if want > new + 1e-12:
-                    claims.append((self._seq, want))
+                claim = self._want(k, computed, new, others, shares)
+                # a share squeezed below a claim of its own (by a peer's claim ahead
+                # that a third region's cut has not caught up with yet) keeps that
+                # claim, up to what it wants: it grows into nothing, and with its claim
+                # unchanged it comes back at the first poll whose cap allows it
+                kept = min(computed, entry.claim if entry is not None else weight)
+                if kept > new + 1e-12 and (claim is None or kept > claim):
+                    claim = kept
         if entry is None:
             entry = table[k] = _Entry(shares, computed, new, active=active)
         else:
             entry.shares, entry.computed, entry.active = shares, computed, active
-        entry.claims, entry.claim = claims, max([new, *(c for _, c in claims)])
+        entry.claim = new if claim is None else max(new, claim)
+        entry.published = self._published(published, entry.claim)
         self._install(k, entry, rule, old, new, wanted, now)
+
+    def _published(self, published: list[tuple[int, float]],
+                   claim: float) -> list[tuple[int, float]]:
+        """``published`` with the claim this sync's report carries."""
+        if published[-1][1] != claim:
+            published.append((self._seq, claim))
+            if len(published) > _PUBLISHED:
+                # a peer that reads none of our reports (a link down one way only) holds
+                # the acknowledgements back: merge the two oldest into one at the lower
+                # claim (what is free can only shrink), so the list stays bounded
+                (seq, a), (_, b) = published[0], published[1]
+                published[:2] = [(seq, min(a, b))]
+        return published
+
+    def _want(self, k: tuple[str, str], computed: float, new: float,
+              others: dict[str, float], shares: dict[str, float]) -> float | None:
+        """The claim of a region that enforces ``new`` and wants ``computed``: what is
+        wanted, within what the peers leave free: their claims, except the growth of the
+        peers ranked after this region (when two regions grow into the same room at
+        once, the first by name keeps its claim and the other yields, instead of both
+        blocking), and the part of their shares they are about to release (what they
+        enforce beyond the share computed here for them: they cut it at the sync that
+        reads the same reports, so the claim and the cut travel together instead of one
+        after the other). None: nothing to claim."""
+        mine = self._rank[self.region]
+        taken = 0.0
+        for p, c in others.items():
+            held = self._held_of(p, k, c)
+            if self._rank[p] < mine:
+                taken += c
+            elif k not in self._peer_demand.get(p, {}) or held - shares[p] <= HOLD:
+                # a peer that reported no demand for the key yet (its share here is a
+                # guess: a key new everywhere would have every region claim nearly all
+                # of it), or one that keeps a share within HOLD of its own: what it holds
+                taken += held
+            else:
+                taken += shares[p]  # it releases the rest at its next sync
+
+        want = min(computed, max(new, 1.0 - taken))
+        return want if want > new + 1e-12 else None
 
     def _install(self, k: tuple[str, str], entry: _Entry, rule: Rule | None, old: float,
                  new: float, wanted: bool, now: float) -> None:
@@ -812,8 +975,8 @@ class RegionalStore(Store):
         return {"region": self.region, "split": self.split, "state": self.state(),
                 **self._counts,
                 "publish_failures": sum(self._publish_failures.values()),
-                "keys": len(self._table), "peers": peers,
-                "last_sync_duration": self._last_duration}
+                "keys": len(self._table), "peers": peers, "pending": self._hurry,
+                "sync_lag": self._lag, "last_sync_duration": self._last_duration}
 
     def __repr__(self) -> str:
         return (f"RegionalStore(region={self.region!r}, regions={list(self.regions)}, "

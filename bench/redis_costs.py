@@ -97,6 +97,7 @@ def main() -> None:
         meter = Meter(client)
         store = RedisStore(server.url, timeout=5.0)
         backend = RedisBackend(store)
+        backend.native = False  # forced adds in the script here; the native SET: below
         rule = Rule.parse("10/second")  # fixed window, the fleet's rules
         n = args.n
 

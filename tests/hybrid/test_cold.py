@@ -495,3 +495,32 @@ def test_an_outage_after_direct_checks_and_leases_keeps_the_window_at_the_limit(
     # the processes that took more than their share before the outage still spend the
     # leases they hold (taken from the counter already): a little over, never 1.4 x
     assert 0.9 * rule.limit <= admitted[0] <= 1.05 * rule.limit
+
+
+def test_native_forced_adds_on_server_time(redis_url: str) -> None:
+    # the default time source: the window is the server's, from the last script reply
+    import time
+
+    rule = Rule(5, 60, algorithm="fixed_window")
+    opts = {"sync_interval": None, "timeout": 1.0, "cold_allowance": 1}
+    a, b = (HybridStore(redis_url, **opts) for _ in range(2))  # type: ignore[arg-type]
+    direct = RedisStore(redis_url)
+    try:
+        into = time.time() % 60  # (loopback: the server's clock is this machine's)
+        if not 0.5 < into < 58.0:
+            # real time: the server's window is its wall clock; start clear of its edges
+            time.sleep((60.5 - into) % 60)
+        for m in (a, b):
+            m.sync()  # a script reply: the server's clock offset
+        assert a.hit("srv", rule).allowed
+        assert b.hit("srv", rule).allowed
+        a.sync()  # a new key: native
+        b.sync()  # present: native, not charged
+        b.sync()  # charged by the script in this round
+        assert direct.peek("srv", rule).remaining == 3  # both units, once each
+        assert a._b.native_new + b._b.native_new == 1
+        assert a._b.native_present + b._b.native_present == 1
+    finally:
+        for m in (a, b):
+            m.close()
+        direct.close()

@@ -4,6 +4,10 @@ the outage share by demand."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 from collections import Counter
 
 import pytest
@@ -524,3 +528,33 @@ def test_native_forced_adds_on_server_time(redis_url: str) -> None:
         for m in (a, b):
             m.close()
         direct.close()
+
+
+def test_hybrid_stores_over_memory_stores_are_freed_without_a_crash() -> None:
+    """The board of exhausted keys of a MemoryStore lives on the store, never behind a
+    weak reference: the compiled MemoryStore (mypyc) does not clear weak references when
+    it is freed, and a WeakKeyDictionary keyed by it crashed the interpreter at garbage
+    collection (the compiled test run segfaulted). A child process, so a crash fails this
+    test alone; it runs whichever build is installed (CI's first run is the compiled one)."""
+    code = textwrap.dedent("""
+        import gc
+        from stormguard import HybridStore, MemoryStore, Rule
+        rule = Rule(2, 1, algorithm="fixed_window")
+        for _ in range(200):
+            backend = MemoryStore()
+            fleet = [HybridStore(backend, sync_interval=None, cold_allowance=1)
+                     for _ in range(2)]
+            for s in fleet:
+                for _ in range(3):
+                    s.hit("k", rule)
+                s.sync()
+            for s in fleet:
+                s.close()
+            del backend, fleet, s
+            gc.collect()
+        print("freed")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=False, timeout=120, env={**os.environ})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "freed"

@@ -38,7 +38,7 @@ backend really is: the fleet simulation prices them (a backend made with
 from __future__ import annotations
 
 import asyncio
-import weakref
+import threading
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -94,7 +94,22 @@ class _Board:
         return self.seq, list(self.entries)[-k:]
 
 
-_BOARDS: weakref.WeakKeyDictionary[Store, _Board] = weakref.WeakKeyDictionary()
+_BOARDS_LOCK = threading.Lock()
+_BOARD_ATTR = "_stormguard_hybrid_board"
+"""A MemoryStore's board of exhausted keys lives on the store itself (an attribute), not
+in a WeakKeyDictionary: the compiled (mypyc) MemoryStore does not clear weak references
+when it is freed, so a weak reference to one crashes the interpreter at garbage
+collection (docs/architecture.md)."""
+
+
+def _memory_board(store: Store) -> _Board:
+    """The board every hybrid store over this MemoryStore object shares."""
+    with _BOARDS_LOCK:
+        board = getattr(store, _BOARD_ATTR, None)
+        if not isinstance(board, _Board):
+            board = _Board()
+            setattr(store, _BOARD_ATTR, board)
+        return board
 
 
 class Backend:
@@ -115,9 +130,7 @@ class Backend:
         from stormguard.stores.memory import MemoryStore
 
         if isinstance(store, MemoryStore):
-            board = _BOARDS.get(store)
-            if board is None:
-                board = _BOARDS[store] = _Board()
+            board = _memory_board(store)
         self._board = board
         self.posting = False  # post exhausted keys (the hybrid store's cold allowance)
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from stormguard._core import validate
@@ -67,6 +68,8 @@ class HybridSynced(Event):
     """One sync round: ``keys`` leases asked, ``granted`` units received, ``round_trips``
     made, ``failed`` leases whose node did not answer, in ``duration`` seconds."""
 
+    log_level: ClassVar[int] = logging.DEBUG
+
     keys: int
     granted: int
     round_trips: int
@@ -78,6 +81,8 @@ class HybridSynced(Event):
 class HybridDegraded(Event):
     """The backend became unreachable (``degraded=True``: checks are answered from the
     shares held) or reachable again (``False``: counts reconciled)."""
+
+    log_level: ClassVar[int] = logging.WARNING
 
     degraded: bool
     error: str

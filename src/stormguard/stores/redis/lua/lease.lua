@@ -43,20 +43,7 @@ local FORCE = {
   end,
   tb = function(st, now, N, W, B, add)
     local cap = B * W
-    local level, t = cap, now
-    if st then
-      level = st[1]
-      local elapsed = now - st[2]
-      if elapsed > 0 then
-        if elapsed >= cdiv(cap - level, N) then
-          level = cap
-        else
-          level = level + elapsed * N
-        end
-      else
-        t = st[2]
-      end
-    end
+    local level, t = tb_level(st, now, N, cap)
     level = level - add * W
     return {level, t}, t + cdiv(cap - level, N)
   end,
@@ -70,20 +57,7 @@ local FORCE = {
     return {now + q, debt - q * N}, now + cdiv(debt, N)
   end,
   lb = function(st, now, N, W, B, add)
-    local level, t = 0, now
-    if st then
-      level = st[1]
-      local elapsed = now - st[2]
-      if elapsed > 0 then
-        if elapsed >= cdiv(level, N) then
-          level = 0
-        else
-          level = level - elapsed * N
-        end
-      else
-        t = st[2]
-      end
-    end
+    local level, t = lb_level(st, now, N)
     level = level + add * W
     return {level, t}, t + cdiv(level, N)
   end,

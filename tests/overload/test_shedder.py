@@ -200,6 +200,41 @@ def test_at_a_limit_of_one_the_freed_slot_goes_to_critical_before_earlier_waiter
     assert s.stats()["shed"] == {"critical": 0, "degraded": 0, "sheddable": 0}
 
 
+class _Recording(AdaptiveLimit):
+    """An adaptive limit that keeps the in-flight count of every sample it is fed."""
+
+    def __init__(self) -> None:
+        super().__init__(initial=10)
+        self.seen: list[int] = []
+
+    def sample(self, rtt: float, now: float, in_flight: int, key: str = "") -> float | None:
+        self.seen.append(in_flight)
+        return super().sample(rtt, now, in_flight, key)
+
+
+def test_a_request_joined_by_others_is_not_sampled_as_alone() -> None:
+    """The limit learns from requests that ran alone (no-load baselines, "the machine is
+    slow" holds); one that started alone but was joined by another did not run alone."""
+    clock = FakeClock()
+    limit = _Recording()
+    s = Shedder(limit, clock=clock)
+    a = s.try_acquire(CRITICAL)  # alone when it starts
+    assert isinstance(a, Ticket)
+    assert a.in_flight == 1
+    clock.advance(0.01)
+    b = s.try_acquire(CRITICAL)  # joins it
+    assert isinstance(b, Ticket)
+    clock.advance(0.01)
+    s.release(b)
+    clock.advance(0.01)
+    s.release(a)  # b has left already, but it ran beside a: 2
+    c = s.try_acquire(CRITICAL)
+    assert isinstance(c, Ticket)
+    clock.advance(0.01)
+    s.release(c)  # nobody else started meanwhile: alone
+    assert limit.seen == [2, 2, 1]
+
+
 def test_a_standing_queue_sheds_arrivals_at_once_and_serves_newest_first() -> None:
     """CoDel: waiters stood more than 5 ms for a whole 100 ms: degraded and sheddable
     arrivals are shed on arrival (critical ones still wait), degraded and sheddable

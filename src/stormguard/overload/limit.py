@@ -63,9 +63,9 @@ _RATIO_CAP = 10.0
 SHRINK_FLOOR = 0.5
 #: probe windows: the limit x 0.8, at window 5, then every 10 while a probe finds a lower
 #: baseline (the one learnt was measured under load); stopped by the first that does not
-PROBE = 0.8
+PROBE = 0.5
 FIRST_PROBE = 5
-PROBE_EVERY = 10
+PROBE_EVERY = 3
 #: latency at least 1 + SHARED x (concurrency - 1) times the minimum: the requests in flight
 #: share one resource (no parallel speed-up), so the limit steps down by one
 SHARED = 0.75
@@ -112,7 +112,9 @@ class AdaptiveLimit:
         "_ratios",
         "_since",
         "_sum",
+        "_sum_base",
         "_sum_in_flight",
+        "_sum_rtt",
         "_windows",
         "initial",
         "max",
@@ -149,6 +151,8 @@ class AdaptiveLimit:
         self._ratios: list[float] = []
         self._max_in_flight = 0
         self._sum_in_flight = 0
+        self._sum_rtt = 0.0  # this window's latencies, and its requests' baselines
+        self._sum_base = 0.0
         self._grow_after = 0  # no growth before this window (after a shared-core step down)
         self._windows = 0
         self._probe_at: int | None = FIRST_PROBE
@@ -160,9 +164,11 @@ class AdaptiveLimit:
     @property
     def limit(self) -> int:
         """The current limit, an integer within ``[min, max]``."""
-        if self._probing:  # never to the floor: that is what makes Envoy's probes hurt
+        if self._probing:  # never to the floor (what makes Envoy's probes hurt), unless
+            # the baseline was measured one above it: then the floor is the question
+            floor = self.min + 1 if self._base_in_flight > self.min + 1 else self.min
             return min(int(self._limit),
-                       max(self.min + 1, int(min(self._limit, self._probe_limit))))
+                       max(floor, int(min(self._limit, self._probe_limit))))
         return int(self._limit)
 
     @property
@@ -206,6 +212,8 @@ class AdaptiveLimit:
         self._n += 1
         self._max_in_flight = max(self._max_in_flight, in_flight)
         self._sum_in_flight += in_flight
+        self._sum_rtt += rtt
+        self._sum_base += b
         since = self._since
         if since is None:
             self._since = now
@@ -235,8 +243,8 @@ class AdaptiveLimit:
             pass  # requests that ran alone were slow too: not a queue a lower limit shortens
         elif mean > tol:
             limit *= max(SHRINK_FLOOR, tol / mean)
-        elif (shared := self._sum_in_flight / self._n) >= 1.5 \
-                and mean >= 1.0 + SHARED * (shared - 1.0):
+        elif (shared := min(self._sum_in_flight / self._n, self._little(now))) >= 1.5 \
+                and self._sum_rtt >= self._sum_base * (1.0 + SHARED * (shared - 1.0)):
             # latency grew with the concurrency: the requests share one resource (a core,
             # the GIL, a saturated dependency), so more of them at once only adds latency
             # (Little: no more throughput); step down toward where each runs alone
@@ -251,6 +259,7 @@ class AdaptiveLimit:
         self._sum = 0.0
         self._max_in_flight = 0
         self._sum_in_flight = 0
+        self._sum_rtt = self._sum_base = 0.0
         self._windows += 1
         if self._probing:  # found a lower baseline: it was a loaded one, look again later
             self._probing = False
@@ -264,6 +273,14 @@ class AdaptiveLimit:
                     self._limit, self._probe_limit, float(self._base_in_flight)))
         self._lowered = False
         return mean
+
+    def _little(self, now: float) -> float:
+        """The window's mean concurrency by Little's law: its requests' summed latency
+        over its duration (the in-flight counts seen at the ends of a request overstate
+        it when the others left early)."""
+        since = self._since
+        span = now - since if since is not None else 0.0
+        return self._sum_rtt / span if span > 0 else math.inf
 
     def stats(self) -> dict[str, Any]:
         return {"limit": self.limit, "adaptive": True, "min": self.min, "max": self.max,

@@ -15,8 +15,10 @@ the latency is far past the tolerance: then the window closes at once):
   window (at least 2) were as slow (their median ratio above the tolerance too): then
   the slowness is not a queue of ours (a busy machine, a slow disk) and a lower limit
   would only shed requests, so it holds;
-* the ratio grew with the concurrency (the window's mean in flight ``c`` at least 1.5,
-  ``ratio >= 1 + 0.75 x (c - 1)``): the requests share one resource (one core under one
+* the latency grew with the concurrency (``c``, the window's concurrency, at least 1.5:
+  the smaller of the mean in-flight count its requests saw and Little's law's, their
+  summed latency over the window's duration; and the summed latency at least
+  ``1 + 0.75 x (c - 1)`` times their summed baselines): the requests share one resource (one core under one
   GIL, a saturated dependency), more at once is only latency and no throughput (Little's
   law), so the limit steps down, to ``min(limit, c) - 1``, and does not grow for the next
   10 windows (at 1 there is no telling whether 2 would be better: it tries once a second);
@@ -39,11 +41,13 @@ every window (``tests/overload/test_limit.py`` runs both through that scenario).
 A limit that starts under overload learns a loaded baseline: no request it sees ran at
 no load. So unless the baselines were measured with one request in flight, the fifth
 window is a **probe**: the limit is lowered, for one window in which it does not grow, to
-a fifth below the concurrency at which the baseline was measured (and below the last
-probe), never below a quarter of itself. If latency falls with it (some route's baseline
-drops by 5 % or more), the baseline was a loaded one: probes go on every 10 windows until
+half the concurrency at which the baseline was measured (and half the last probe),
+never below a quarter of itself. If latency falls with it (some route's baseline
+drops by 5 % or more), the baseline was a loaded one: probes go on every 3 windows until
 one finds nothing, and then stop for good. A probe costs at most 3/4 of the slots for
-one window (about 100 ms), and never goes to the floor (``min``).
+one window (about 100 ms), and goes to the floor (``min``) only when the baseline was
+measured one above it (on one CPU-bound core, a baseline learnt at 2 in flight is twice
+the real one, and only a window at 1 tells).
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ MAX_KEYS = 256
 _RATIO_CAP = 10.0
 #: the most one window may take off the limit (x 0.5)
 SHRINK_FLOOR = 0.5
-#: probe windows: the limit x 0.8, at window 5, then every 10 while a probe finds a lower
+#: probe windows: the limit x 0.5, at window 5, then every 3 while a probe finds a lower
 #: baseline (the one learnt was measured under load); stopped by the first that does not
 PROBE = 0.5
 FIRST_PROBE = 5
@@ -158,7 +162,7 @@ class AdaptiveLimit:
         self._probe_at: int | None = FIRST_PROBE
         self._probing = False
         self._lowered = False
-        self._probe_limit = math.inf  # each probe goes a fifth below the last one
+        self._probe_limit = math.inf  # each probe goes to half the last one
         self._base_in_flight = 0  # in flight when the latest baseline was measured
 
     @property
@@ -173,7 +177,7 @@ class AdaptiveLimit:
 
     @property
     def probing(self) -> bool:
-        """True during a probe window (the limit is lowered by a fifth)."""
+        """True during a probe window (the limit is lowered, to half at most)."""
         return self._probing
 
     def baseline(self, key: str = "") -> float | None:

@@ -39,10 +39,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--cold-allowance", type=int, default=0,
                         help="HybridStore's cold_allowance (0: exact, every unit leased)")
+    parser.add_argument("--script-adds", action="store_true",
+                        help="every forced add a key of the lease script (no native SET NX)")
     args = parser.parse_args()
     fleet = simulate(rate=args.rate, seconds=args.seconds, users=args.users, zipf=args.zipf,
                      balance=args.balance, hot_rate=args.hot_rate, node_ops=args.node_ops,
-                     seed=args.seed, cold_allowance=args.cold_allowance)
+                     seed=args.seed, cold_allowance=args.cold_allowance,
+                     native_adds=not args.script_adds)
     print(fleet.text())
     if args.regions:  # the fleet's regions: stormguard.sim.regions, the full run
         from stormguard.sim.regions import simulate as regions

@@ -18,7 +18,13 @@ and parsing work ``commandstats`` leaves out (noisy on a shared machine).
   path) and batched (one script over ``b`` keys: a sync round), cold keys;
 * forced add: a key of the cold allowance charged in a sync round, batched, cold keys;
   and the same when every add exhausts its key (each is appended to the board);
-* board read: a sync round of one key that reads ``b`` entries of the board.
+* board read: a sync round of one key that reads ``b`` entries of the board;
+* native forced add: what a forced add on a fixed window would cost as a native command
+  in the round's pipeline instead of a key inside the script: ``SET key "<window> <n>"
+  NX GET PX <ttl>`` (the rate-limit script's own state format), pipelined 256 at a time,
+  on new keys and on keys present (``usec`` of ``SET`` in ``INFO commandstats``). A
+  present key's reply only says what it holds: adding to it needs a second command (the
+  state is one string, not an integer ``INCRBY`` could add to).
 
 From the batches of 1, 16 and 64 keys a linear fit ``fixed + b x per_key`` gives the
 fixed cost of one script run and the cost of one key in it (the 256-key row is shown as
@@ -91,6 +97,7 @@ def main() -> None:
         meter = Meter(client)
         store = RedisStore(server.url, timeout=5.0)
         backend = RedisBackend(store)
+        backend.native = False  # forced adds in the script here; the native SET: below
         rule = Rule.parse("10/second")  # fixed window, the fleet's rules
         n = args.n
 
@@ -105,6 +112,7 @@ def main() -> None:
             rows.append(row)
 
         reads: dict[int, float] = {}
+        native: dict[str, float] = {}  # native SET NX GET PX: µs per command
         for _ in range(args.repeat):
             store.hit("warm", rule)  # load the scripts
             backend.lease("warm", rule, 1, 1)
@@ -148,6 +156,20 @@ def main() -> None:
                 usec, c, _ = meter.read()
                 t = usec / max(1, c)
                 reads[batch] = min(reads.get(batch, t), t)
+            for kind in ("new keys", "keys present"):
+                if kind == "new keys":
+                    client.flushall()
+                meter.reset()
+                pipe = client.pipeline(transaction=False)
+                for i in range(n):
+                    pipe.execute_command("SET", f"nat:{i}", "1 1", "NX", "GET", "PX", 60_000)
+                    if i % 256 == 255:
+                        pipe.execute()
+                        pipe = client.pipeline(transaction=False)
+                pipe.execute()
+                stats = client.info("commandstats").get("cmdstat_set", {})
+                t = float(stats.get("usec", 0)) / max(1, int(stats.get("calls", 0)))
+                native[kind] = min(native.get(kind, t), t)
         store.close()
     finally:
         server.stop()
@@ -165,6 +187,11 @@ def main() -> None:
     print("|---:|---:|")
     for b, t in reads.items():
         print(f"| {b} | {t:.2f} |")
+    print()
+    print("| native forced add (SET NX GET PX, pipelined) | Redis µs per command |")
+    print("|---|---:|")
+    for kind, t in native.items():
+        print(f"| {kind} | {t:.2f} |")
     fits = {}
     for name in ("lease", "forced add", "forced add, exhausting (board)"):
         pts = [(b, per_call) for nm, b, per_call, _, _ in rows if nm == name and b <= 64]

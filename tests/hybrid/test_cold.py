@@ -343,6 +343,193 @@ def test_the_allowance_on_the_asyncio_api(clock: FakeClock) -> None:
     assert backend.peek("u", rule).remaining == 0
 
 
+# -- native forced adds: SET NX GET in the round's pipeline on fixed windows --------------
+def test_native_forced_adds_on_redis_share_the_counter(redis_url: str, clock: FakeClock
+                                                       ) -> None:
+    clock.set_wall(START + 30.0)  # mid-window: far from its edges
+    rule = Rule(3, 60, algorithm="fixed_window")
+    opts = {"sync_interval": None, "clock": clock, "time_source": "client", "timeout": 1.0,
+            "cold_allowance": 1}
+    a, b, c = (HybridStore(redis_url, **opts) for _ in range(3))  # type: ignore[arg-type]
+    direct = RedisStore(redis_url, clock=clock, time_source="client")
+    try:
+        for m in (a, b, c):
+            m.sync()
+        for m in (a, b, c):
+            assert m.hit("nat", rule).allowed  # one each, on the allowances
+        a.sync()  # a new key: created by the native SET with a's unit
+        assert (a._b.native_new, a._b.native_present) == (1, 0)
+        assert direct.peek("nat", rule).remaining == 2  # the rate-limit script's state
+        b.sync()  # present: not charged yet, the reply says 1 used
+        assert (b._b.native_new, b._b.native_present) == (0, 1)
+        assert direct.peek("nat", rule).remaining == 2
+        c.sync()
+        assert direct.peek("nat", rule).remaining == 2
+        # c's reply: 1 used + c's unit owed = 2 of 3, one left: c still admits... on a lease
+        for m in (b, c):
+            m.sync()  # the script charges what the native add found present
+        assert direct.peek("nat", rule).remaining == 0
+        assert not direct.hit("nat", rule).allowed  # a direct check sees every charge
+        a.sync()  # the last charge exhausted the key: on the board, a reads it
+        trips = a.stats()["backend_round_trips"]
+        assert not a.hit("nat", rule).allowed
+        assert a.stats()["backend_round_trips"] == trips  # denied in memory
+    finally:
+        for m in (a, b, c):
+            m.close()
+        direct.close()
+
+
+def test_a_native_reply_that_says_the_key_is_exhausted_denies_in_memory(
+        redis_url: str, clock: FakeClock) -> None:
+    clock.set_wall(START + 30.0)
+    rule = Rule(2, 60, algorithm="fixed_window")
+    opts = {"sync_interval": None, "clock": clock, "time_source": "client", "timeout": 1.0,
+            "cold_allowance": 1}
+    a, b = (HybridStore(redis_url, **opts) for _ in range(2))  # type: ignore[arg-type]
+    try:
+        for m in (a, b):
+            m.sync()
+            assert m.hit("full", rule).allowed
+        a.sync()  # 1 of 2 used
+        b.sync()  # present: 1 used + b's unit owed = the limit
+        trips = b.stats()["backend_round_trips"]
+        d = b.hit("full", rule)
+        assert not d.allowed
+        assert d.retry_after > 0
+        assert b.stats()["backend_round_trips"] == trips
+    finally:
+        for m in (a, b):
+            m.close()
+
+
+def test_native_adds_keep_the_fleet_bound_on_a_memory_backend(clock: FakeClock) -> None:
+    # the simulation's emulation of the native path: per window at most limit + a x n
+    clock.set_wall(START + 0.5)
+    _, members = fleet(clock, 6, 1)
+    for m in members:
+        m._b.native = True
+    rule = Rule(4, 1, algorithm="fixed_window")
+    admitted = Counter[int]()
+    for step in range(300):  # 3 s, every process checks the key every 10 ms
+        for m in members:
+            if m.hit("spread", rule).allowed:
+                admitted[int(clock.wall())] += 1
+        clock.advance(0.01)
+        if step % 10 == 9:
+            for m in members:
+                m.sync()
+    assert sum(m._b.native_new + m._b.native_present for m in members) > 0
+    assert all(n <= rule.limit + 1 * len(members) for n in admitted.values())
+    assert max(admitted.values()) > rule.limit  # the allowance did admit past the limit
+
+
+def test_a_full_counter_reply_does_not_deny_what_the_process_holds_on_its_lease(
+        clock: FakeClock) -> None:
+    # sticky: one process takes a key's first unit on its allowance, the next ones on
+    # leases (one of them ahead of demand); the round's reply says the counter is full,
+    # but the units of the lease were taken already: they are still admitted
+    clock.set_wall(START + 30.0)
+    backend, (p,) = fleet(clock, 1, 1)
+    p._b.native = True
+    rule = Rule(5, 60, algorithm="fixed_window")
+    for _ in range(3):
+        assert p.hit("sticky", rule).allowed
+    assert p.stats()["cold_admitted"] == 1
+    held = p.stats()["lease_held"]
+    assert held >= 1  # the last lease took more than its check
+    p.sync()  # the allowance's unit: the key is present, the reply says 4 + 1 of 5
+    admitted = sum(p.hit("sticky", rule).allowed for _ in range(held))
+    assert admitted == held  # 3 + held <= 5: within the limit, never denied
+    assert backend.peek("sticky", rule).remaining >= 0
+
+
+def test_native_adds_can_be_turned_off(redis_url: str, clock: FakeClock) -> None:
+    clock.set_wall(START + 30.0)
+    rule = Rule(3, 60, algorithm="fixed_window")
+    url = redis_url.replace("redis://", "hybrid+redis://", 1)
+    p = stores.from_url(url + "?sync_interval=none&cold_allowance=1&native_adds=false",
+                        clock=clock, time_source="client")
+    assert isinstance(p, HybridStore)
+    assert p.native_adds is False
+    direct = RedisStore(redis_url, clock=clock, time_source="client")
+    try:
+        p.sync()
+        assert p.hit("off", rule).allowed
+        p.sync()  # charged in the script
+        assert (p._b.native_new, p._b.native_present) == (0, 0)
+        assert direct.peek("off", rule).remaining == 2
+    finally:
+        p.close()
+        direct.close()
+
+
+def test_bad_native_adds_are_named() -> None:
+    with pytest.raises(ConfigError, match="native_adds"):
+        HybridStore("memory://", sync_interval=None, native_adds="yes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="native_adds"):
+        stores.from_url("hybrid+memory://?native_adds=maybe")
+
+
+def test_an_outage_after_direct_checks_and_leases_keeps_the_window_at_the_limit(
+        clock: FakeClock) -> None:
+    # hot_rate: the key starts on the direct path, turns local (leases), then the
+    # backend goes down: what each process admitted both ways counts against its share
+    # (once, together: the two were charged one after the other, and the second, past
+    # the share, was refused instead of counted, so the window reached 1.4 x the limit)
+    clock.set_wall(START + 2.0)  # a window's start (START is a multiple of 2)
+    backend = Flaky(clock=clock)
+    members = [HybridStore(backend, sync_interval=None, clock=clock, hot_rate=50)
+               for _ in range(8)]
+    for m in members:
+        m.sync()
+    rule = Rule(800, 2, algorithm="fixed_window")
+    admitted = Counter[int]()
+    for step in range(2000):  # 2.4 checks per ms, even over the 8, for one window
+        if step == 300:
+            backend.down = True
+        for k in range(3 if step % 5 < 2 else 2):
+            admitted[0] += members[(step * 3 + k) % 8].hit("outage", rule).allowed
+        clock.advance(0.001)
+        if step % 100 == 99:
+            for m in members:
+                m.sync()
+    assert sum(m.stats()["direct_checks"] for m in members) > 0  # both paths taken
+    assert sum(m.stats()["degraded_decisions"] for m in members) > 0
+    # the processes that took more than their share before the outage still spend the
+    # leases they hold (taken from the counter already): a little over, never 1.4 x
+    assert 0.9 * rule.limit <= admitted[0] <= 1.05 * rule.limit
+
+
+def test_native_forced_adds_on_server_time(redis_url: str) -> None:
+    # the default time source: the window is the server's, from the last script reply
+    import time
+
+    rule = Rule(5, 60, algorithm="fixed_window")
+    opts = {"sync_interval": None, "timeout": 1.0, "cold_allowance": 1}
+    a, b = (HybridStore(redis_url, **opts) for _ in range(2))  # type: ignore[arg-type]
+    direct = RedisStore(redis_url)
+    try:
+        into = time.time() % 60  # (loopback: the server's clock is this machine's)
+        if not 0.5 < into < 58.0:
+            # real time: the server's window is its wall clock; start clear of its edges
+            time.sleep((60.5 - into) % 60)
+        for m in (a, b):
+            m.sync()  # a script reply: the server's clock offset
+        assert a.hit("srv", rule).allowed
+        assert b.hit("srv", rule).allowed
+        a.sync()  # a new key: native
+        b.sync()  # present: native, not charged
+        b.sync()  # charged by the script in this round
+        assert direct.peek("srv", rule).remaining == 3  # both units, once each
+        assert a._b.native_new + b._b.native_new == 1
+        assert a._b.native_present + b._b.native_present == 1
+    finally:
+        for m in (a, b):
+            m.close()
+        direct.close()
+
+
 def test_hybrid_stores_over_memory_stores_are_freed_without_a_crash() -> None:
     """The board of exhausted keys of a MemoryStore lives on the store, never behind a
     weak reference: the compiled MemoryStore (mypyc) does not clear weak references when

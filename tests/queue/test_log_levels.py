@@ -86,14 +86,17 @@ def test_the_documented_levels_are_the_levels() -> None:
 
     from stormguard import queue as queue_events
     from stormguard.observability import events
+    from stormguard.stores.hybrid import store as hybrid_events
+    from stormguard.stores.regional import events as regional_events
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "observability.md").read_text(
         encoding="utf-8")
     section = doc.split("### Event levels", 1)[1].split("\n#", 1)[0]
-    rows = re.findall(r"^\| (INFO|WARNING|ERROR) \| (.+) \|$", section, flags=re.M)
+    rows = re.findall(r"^\| (DEBUG|INFO|WARNING|ERROR) \| (.+) \|$", section, flags=re.M)
     documented = {name: getattr(logging, level) for level, names in rows
                   for name in re.findall(r"`(\w+)`", names)}
-    kinds = {name: cls for module in (events, queue_events) for name in module.__all__
+    kinds = {name: cls for module in (events, queue_events, hybrid_events, regional_events)
+             for name in module.__all__
              if isinstance(cls := getattr(module, name), type)
              and issubclass(cls, events.Event) and cls is not events.Event}
     assert set(documented) == set(kinds)

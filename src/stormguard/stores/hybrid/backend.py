@@ -17,9 +17,22 @@ backend, each process reading the entries added since its last round in the same
 trip (on one Redis server, or a :class:`~stormguard.MemoryStore` shared in one process;
 not on a cluster, nor over other stores).
 
+On Redis a forced add on a fixed window that cannot exhaust a new key (``want <
+limit``) travels as a *native* command in the round's pipeline instead of a key of the
+script: ``SET key "<window> <want>" NX GET PX <ttl>``, the rate-limit script's own state.
+A new key (the common case of a cold key) is created with the units, charged exactly; a
+key present is left as it is and its reply says what it holds: the grant then has
+``granted = 0`` (not charged; the hybrid store charges it in its next round with the
+script, ``min = FORCED_SCRIPT``) and the key's remaining after the units owed, so a
+key those units exhaust is known at once. The window is the server's (the offset of the
+last script reply's time); within ``NATIVE_MARGIN_US`` of a window's edge, or before any
+reply, the add goes in the script.
+
 Each adapter also counts what its operations cost Redis, by kind (``scripts`` run,
-``lease_keys``, ``owe_keys``, ``board_reads``, ``posts``, ``direct`` checks), as Redis
-would run them, whatever the backend really is: the fleet simulation prices them.
+``lease_keys``, ``owe_keys``, ``native_new`` and ``native_present`` forced adds,
+``board_reads``, ``posts``, ``direct`` checks), as Redis would run them, whatever the
+backend really is: the fleet simulation prices them (a backend made with
+``native=True`` answers forced adds as the Redis one does, for the simulation).
 """
 
 from __future__ import annotations
@@ -35,7 +48,8 @@ from stormguard._core.errors import StorageError
 from stormguard.ratelimit.rule import Rule
 from stormguard.stores.base import Store
 
-__all__ = ["Backend", "BoardRead", "Grant", "LeaseRequest", "backend_for"]
+__all__ = ["FORCED", "FORCED_SCRIPT", "NATIVE_MARGIN_US", "Backend", "BoardRead", "Grant",
+           "LeaseRequest", "backend_for"]
 
 #: (backend key, rule, want, min)
 LeaseRequest = tuple[str, Rule, int, int]
@@ -47,6 +61,15 @@ BoardRead = tuple[int, list[tuple[int, str]]] | None
 
 _BATCH = 256  # leases per EVALSHA: a script runs alone on its server, keep each short
 FORCED = -1  # the `min` of a forced add
+FORCED_SCRIPT = -2  # a forced add that goes in the script (a native one found the key present)
+#: a native forced add only this far (µs) from the edges of the server's window
+NATIVE_MARGIN_US = 20_000
+
+
+def _native(rule: Rule, want: int, least: int) -> bool:
+    """A forced add that may travel as a native ``SET NX``: fixed window, and a new key
+    it cannot exhaust (nothing to post on the board)."""
+    return least == FORCED and rule.algorithm == "fixed_window" and want < rule._algo.N
 
 
 class _Board:
@@ -92,8 +115,10 @@ def _memory_board(store: Store) -> _Board:
 class Backend:
     """Leases over any :class:`Store` with its public methods."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, native: bool = False) -> None:
         self.store = store
+        self.native = native  # forced adds answered as the Redis backend's native path
+        self.native_new = self.native_present = 0
         self._trips = 0
         self.ops = 0
         """Counter operations on the backend: a lease or a direct check is one (a script
@@ -120,10 +145,28 @@ class Backend:
 
     def _count(self, requests: Sequence[LeaseRequest], batched: bool) -> None:
         n = len(requests)
+        if n == 0:
+            return
         self.scripts += -(-n // _BATCH) if batched else n
         owe = sum(1 for r in requests if r[3] < 0)
         self.owe_keys += owe
         self.lease_keys += n - owe
+
+    def _one_native(self, key: str, rule: Rule, want: int) -> Grant:
+        """A forced add as the Redis backend's native ``SET NX`` answers it."""
+        store = self.store
+        now = wall_us(store.clock)
+        self.ops += 1
+        w = rule._algo.W
+        end = (now // w + 1) * w
+        d = store.peek(key, rule, 1)
+        if d[2] >= rule._algo.N:  # a new key (nothing used in this window): created
+            self.native_new += 1
+            d = store.hit(key, rule, want)
+            return (want, d[2], end - now, 0, now)
+        self.native_present += 1  # present: not charged, what it holds
+        left = d[2] - want
+        return (0, max(0, left), end - now, end - now if left < 1 else 0, now)
 
     @property
     def round_trips(self) -> int:
@@ -189,12 +232,17 @@ class Backend:
         """A sync round: every lease and forced add, and (``since`` not None, the last
         sequence number read, -1 at first) the board's entries added since, at most
         ``cap``."""
-        self._count(requests, True)
+        native = self.native
+        self._count([r for r in requests if not (native and _native(r[1], r[2], r[3]))],
+                    True)
         out: list[Grant | StorageError] = []
         trips = self._trips
         for key, rule, want, least in requests:
             try:
-                out.append(self._one(key, rule, want, least))
+                if native and _native(rule, want, least):
+                    out.append(self._one_native(key, rule, want))
+                else:
+                    out.append(self._one(key, rule, want, least))
             except StorageError as exc:
                 out.append(exc)
         # a batch is one round trip per node, whatever the adapter had to do for it
@@ -262,7 +310,10 @@ class RedisBackend(Backend):
     def __init__(self, store: Any) -> None:
         super().__init__(store)
         from stormguard.stores.redis.cluster import ClusterTransport
+        from stormguard.stores.redis.protocol import Command
         from stormguard.stores.redis.ratelimit_scripts import LEASE, rule_args
+
+        self._command = Command.of  # (redis-py is imported with the Redis backend only)
 
         self.redis: Any = store  # a RedisStore or RedisClusterStore
         self._script = LEASE
@@ -271,6 +322,10 @@ class RedisBackend(Backend):
         self.transport = store.transport
         self.cluster = isinstance(self.transport, ClusterTransport)
         self._base: int = self.transport.round_trips
+        self.native = True
+        # the server's time minus this process's wall time, from the last script reply
+        # (None: no reply yet); 0 with client time
+        self._offset: int | None = 0 if self.redis.time_source == "client" else None
 
     @property
     def round_trips(self) -> int:
@@ -312,6 +367,8 @@ class RedisBackend(Backend):
             board = ""
         else:
             groups = [requests[i:i + _BATCH] for i in range(0, len(requests), _BATCH)]
+            if not groups and board:  # every add native: a script of no lease reads the board
+                groups = [[]]
         out = []
         slack = self.redis._slack_ms
         last = len(groups) - 1
@@ -348,7 +405,68 @@ class RedisBackend(Backend):
         ((command, n),) = self._commands([(key, rule, want, least)])
         self.ops += 1
         self._count(((key, rule, want, least),), False)
-        return self._grants(self.transport.call(command), n)[0]
+        sent = wall_us(self.store.clock)
+        reply = self.transport.call(command)
+        self._learn(reply, sent)
+        return self._grants(reply, n)[0]
+
+    def _learn(self, reply: Any, sent: int) -> None:
+        """The server's clock offset, from a script reply's time."""
+        if self.redis.time_source == "server" and not isinstance(reply, BaseException):
+            self._offset = int(reply[0]) - sent
+
+    def _split(self, requests: Sequence[LeaseRequest]
+               ) -> tuple[list[LeaseRequest], list[tuple[int, Any, int]]]:
+        """The requests for the script, and the native forced adds: (index in
+        ``requests``, command, the server's window end in µs)."""
+        if (not self.native or self._offset is None
+                or not any(_native(r, w, m) for _, r, w, m in requests)):
+            return list(requests), []
+        now = wall_us(self.store.clock) + self._offset
+        script: list[LeaseRequest] = []
+        native: list[tuple[int, Any, int]] = []
+        slack = self.redis._slack_ms
+        for i, req in enumerate(requests):
+            key, rule, want, least = req
+            w = rule._algo.W
+            into = now % w
+            if (not _native(rule, want, least) or into < NATIVE_MARGIN_US
+                    or w - into < NATIVE_MARGIN_US):
+                script.append(req)
+                continue
+            end = now - into + w
+            # the key lives until its window ends (the margin more: the estimate of the
+            # server's time may be early), as the rate-limit script's own TTL
+            ttl = -(-(end - now) // 1000) + slack + NATIVE_MARGIN_US // 1000
+            k = self.redis.key(key, rule)
+            native.append((i, self._command("SET", k, f"{now // w} {want}", "NX", "GET", "PX",
+                                              ttl, key=k), end))
+        return script, native
+
+    def _native_grants(self, requests: Sequence[LeaseRequest],
+                       native: list[tuple[int, Any, int]], replies: Sequence[Any]
+                       ) -> list[tuple[int, Grant | StorageError]]:
+        offset = self._offset or 0
+        now = wall_us(self.store.clock) + offset
+        out: list[tuple[int, Grant | StorageError]] = []
+        for (i, _, end), reply in zip(native, replies, strict=True):
+            _, rule, want, _ = requests[i]
+            n = rule._algo.N
+            if isinstance(reply, BaseException):
+                out.append((i, reply if isinstance(reply, StorageError)
+                            else StorageError(str(reply))))
+                continue
+            reset = max(0, end - now)
+            if reply is None:  # a new key, created with the units
+                self.native_new += 1
+                out.append((i, (want, n - want, reset, 0, now)))
+                continue
+            self.native_present += 1  # present: not charged; what it holds
+            text = reply.decode() if isinstance(reply, bytes) else str(reply)
+            win, _, used = text.partition(" ")
+            left = n - int(used) - want if int(win) == (end - 1) // rule._algo.W else n - want
+            out.append((i, (0, max(0, left), reset, reset if left < 1 else 0, now)))
+        return out
 
     def _fold_replies(self, commands: list[tuple[Any, int]], replies: Sequence[Any],
                       board: str) -> tuple[list[Grant | StorageError], BoardRead]:
@@ -370,17 +488,40 @@ class RedisBackend(Backend):
     def sync_many(self, requests: Sequence[LeaseRequest], since: int | None, cap: int
                   ) -> tuple[list[Grant | StorageError], BoardRead]:
         board = f"{since} {cap}" if since is not None and self.has_board and requests else ""
-        commands = self._commands(requests, board)
+        script, native = self._split(requests)
+        commands = self._commands(script, board)
         self.ops += len(requests)
-        self._count(requests, not self.cluster)
-        replies = self.transport.call_many([c for c, _ in commands])
-        return self._fold_replies(commands, replies, board)
+        self._count(script, not self.cluster)
+        sent = wall_us(self.store.clock)
+        # one pipeline: the scripts and the native adds, one round trip per node
+        replies = self.transport.call_many([c for c, _ in commands] + [c for _, c, _ in native])
+        k = len(commands)
+        if k:
+            self._learn(replies[k - 1], sent)
+        return self._merge(requests, script, native, commands, replies, board)
+
+    def _merge(self, requests: Sequence[LeaseRequest], script: list[LeaseRequest],
+               native: list[tuple[int, Any, int]], commands: list[tuple[Any, int]],
+               replies: Sequence[Any], board: str
+               ) -> tuple[list[Grant | StorageError], BoardRead]:
+        k = len(commands)
+        out, read = self._fold_replies(commands, replies[:k], board)
+        if not native:
+            return out, read
+        merged: list[Grant | StorageError | None] = [None] * len(requests)
+        for i, g in self._native_grants(requests, native, replies[k:]):
+            merged[i] = g
+        it = iter(out)
+        return [g if g is not None else next(it) for g in merged], read
 
     async def alease(self, key: str, rule: Rule, want: int, least: int) -> Grant:
         ((command, n),) = self._commands([(key, rule, want, least)])
         self.ops += 1
         self._count(((key, rule, want, least),), False)
-        return self._grants(await self.transport.acall(command), n)[0]
+        sent = wall_us(self.store.clock)
+        reply = await self.transport.acall(command)
+        self._learn(reply, sent)
+        return self._grants(reply, n)[0]
 
     async def alease_many(self, requests: Sequence[LeaseRequest]
                           ) -> list[Grant | StorageError]:
@@ -389,9 +530,10 @@ class RedisBackend(Backend):
     async def async_sync_many(self, requests: Sequence[LeaseRequest], since: int | None,
                               cap: int) -> tuple[list[Grant | StorageError], BoardRead]:
         board = f"{since} {cap}" if since is not None and self.has_board and requests else ""
-        commands = self._commands(requests, board)
+        script, native = self._split(requests)
+        commands = self._commands(script, board)
         self.ops += len(requests)
-        self._count(requests, not self.cluster)
+        self._count(script, not self.cluster)
 
         async def one(command: Any) -> Any:
             try:
@@ -399,9 +541,14 @@ class RedisBackend(Backend):
             except StorageError as exc:
                 return exc
 
+        sent = wall_us(self.store.clock)
         # concurrent acalls of one loop iteration leave in one write per server
-        replies = await asyncio.gather(*(one(c) for c, _ in commands))
-        return self._fold_replies(commands, list(replies), board)
+        replies = list(await asyncio.gather(*(one(c) for c, _ in commands),
+                                            *(one(c) for _, c, _ in native)))
+        k = len(commands)
+        if k:
+            self._learn(replies[k - 1], sent)
+        return self._merge(requests, script, native, commands, replies, board)
 
 
 def backend_for(store: Store) -> Backend:

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from stormguard._core import validate
@@ -35,6 +36,7 @@ from stormguard.ratelimit.rule import Rule
 from stormguard.stores.base import Store, binding, check_cost, check_rules, key_error
 from stormguard.stores.hybrid.backend import (
     FORCED,
+    FORCED_SCRIPT,
     Backend,
     BoardRead,
     Grant,
@@ -56,13 +58,17 @@ _CONTENDED_WINDOWS = 2
 _URL_OPTIONS: dict[str, type] = {
     "sync_interval": float, "hot_rate": float, "shards": int, "max_keys": int,
     "hot_period": float, "sketch_size": int, "outage_share": float, "deny_hold": float,
-    "cold_allowance": int, "board_size": int, "name": str}
+    "cold_allowance": int, "board_size": int, "name": str, "native_adds": bool}
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True,
+          "0": False, "false": False, "no": False, "off": False}
 
 
 @dataclass(frozen=True, slots=True)
 class HybridSynced(Event):
     """One sync round: ``keys`` leases asked, ``granted`` units received, ``round_trips``
     made, ``failed`` leases whose node did not answer, in ``duration`` seconds."""
+
+    log_level: ClassVar[int] = logging.DEBUG
 
     keys: int
     granted: int
@@ -75,6 +81,8 @@ class HybridSynced(Event):
 class HybridDegraded(Event):
     """The backend became unreachable (``degraded=True``: checks are answered from the
     shares held) or reachable again (``False``: counts reconciled)."""
+
+    log_level: ClassVar[int] = logging.WARNING
 
     degraded: bool
     error: str
@@ -99,6 +107,7 @@ class _Entry:
         "key",
         "last_granted",
         "lease",
+        "oscript",
         "owed",
         "owin",
         "rate",
@@ -135,6 +144,7 @@ class _Entry:
         self.aused = 0          # admitted on the cold allowance in window `awin`
         self.awin = -1
         self.owed = 0           # admitted on the cold allowance, not charged yet (window owin)
+        self.oscript = False    # charge it in the script (a native add found the key present)
         self.owin = -1
         self.last_granted = 0   # windows: what it took in the last whole window it leased in
         self.sole = False       # windows: and it alone took from the counter then (>= 2)
@@ -199,6 +209,10 @@ class HybridStore(Store):
       window the fleet admits at most ``limit + a x processes`` (docs/hybrid.md).
       ``0`` (default): every unit is taken from the backend before it is spent.
     * ``board_size``: the board entries one round reads at most.
+    * ``native_adds`` (default True): on Redis, a forced add on a fixed window travels as
+      a native ``SET NX GET`` in the round's pipeline (a key present is charged by the
+      script one round later); False: every forced add in the script, charged in its
+      round (less overshoot, more Redis time).
 
     ``sliding_window_log`` is exact by definition: its checks always go to the backend.
     """
@@ -209,7 +223,7 @@ class HybridStore(Store):
                  hot_period: float = 1.0, sketch_size: int = 1024,
                  outage_share: float | None = None, deny_hold: float | None = None,
                  cold_allowance: int = 0, board_size: int = 4096,
-                 name: str = "hybrid",
+                 native_adds: bool = True, name: str = "hybrid",
                  clock: Clock | None = None, listeners: Sequence[Listener] = (),
                  **backend_options: Any) -> None:
         if sync_interval is not None:
@@ -244,6 +258,11 @@ class HybridStore(Store):
         # the cold allowance: on one shard only (shards split the counter)
         self._allow = self.cold_allowance if self.shards == 1 else 0
         self._b.posting = self._allow > 0
+        if not isinstance(native_adds, bool):
+            raise ConfigError("native_adds", native_adds, "must be True or False")
+        self.native_adds = native_adds
+        if not native_adds:
+            self._b.native = False
         self._board: OrderedDict[str, int] = OrderedDict()  # board id -> until (us)
         # (rule id, key) -> [window, units] the direct path admitted in that window
         self._direct_used: OrderedDict[tuple[str, str], list[int]] = OrderedDict()
@@ -301,6 +320,11 @@ class HybridStore(Store):
                 continue
             if k == "sync_interval" and v.lower() in ("none", "off", ""):
                 options[k] = None
+                continue
+            if conv is bool:
+                if v.lower() not in _BOOLS:
+                    raise ConfigError(k, v, "must be true or false")
+                options[k] = _BOOLS[v.lower()]
                 continue
             try:
                 options[k] = conv(v)
@@ -681,13 +705,16 @@ class HybridStore(Store):
             algo = local._algo
             if e.dentry is None:
                 e.dentry = algo.fresh()
+                taken = 0
                 if rule.algorithm in _WINDOWS and e.granted and e.expires and now < e.expires:
-                    # what it took in this window counts against its share
-                    algo.apply(e.dentry, now, min(e.granted, algo.B), True)
+                    taken = e.granted  # what it took in this window counts against its share
                 direct = self._direct_used.get((rule._id, key))
                 if direct is not None and direct[0] == now // rule._algo.W:
-                    # and what its direct checks were admitted in it (hot_rate's cold keys)
-                    algo.apply(e.dentry, now, min(direct[1], algo.B), True)
+                    taken += direct[1]  # and what its direct checks admitted in it (hot_rate)
+                if taken:
+                    # one charge, capped at the share: two that together exceed it would
+                    # each be checked against it, and the second refused, not counted
+                    algo.apply(e.dentry, now, min(taken, algo.B), True)
             c = min(cost, algo.B)
             v = algo.apply(e.dentry, now, c, consume)
             if v[0] and consume:
@@ -1130,8 +1157,10 @@ class HybridStore(Store):
         if rule.algorithm not in _WINDOWS or _window_of(rule, now) == e.owin:
             bkey, brule = self._backend_key(e.key, rule)
             entries.append(e)
-            requests.append((bkey, brule, min(e.owed, brule._algo.B), FORCED))
+            requests.append((bkey, brule, min(e.owed, brule._algo.B),
+                             FORCED_SCRIPT if e.oscript else FORCED))
         e.owed = 0
+        e.oscript = False
 
     def _topup(self, e: _Entry, now: int, interval_us: int) -> int:
         """Close the entry's round (its demand becomes its rate); the units its lease
@@ -1223,18 +1252,23 @@ class HybridStore(Store):
                 if isinstance(g, StorageError):
                     failed += 1
                     error = str(g)
-                    if e is not None and req[3] == FORCED:
+                    if e is not None and req[3] < 0:
                         e.owed += req[2]  # charged in a later round of the same window
                     continue
                 if e is None:  # the peer count: this window's, or the last whole one's
                     self._peer_count = max(self._peer_count, self._peer_rule._algo.B - g[1])
                     self._peers = max(1, self._peer_count, self._peers_last)
                     continue
-                if req[3] == FORCED:  # a charge of the cold allowance: where the key stands
+                if req[3] < 0:  # a charge of the cold allowance: where the key stands
                     self._credit(e, (0, g[1], g[2], 0, g[4]), now)
-                    if e.rule.algorithm in _WINDOWS:
+                    if g[0] == 0:  # a native add found the key present: not charged yet,
+                        e.owed += req[2]  # the script charges it in the next round
+                        e.oscript = True
+                        self._mark(e)
+                    elif e.rule.algorithm in _WINDOWS:
                         e.granted += req[2]  # taken from the counter by this process
-                    if g[3] > 0:  # exhausted: denied here until it frees
+                    if g[3] > 0 and e.lease == 0:  # exhausted: denied here until it frees
+                        # (a lease this process holds was taken already: spent first)
                         e.denied_until = max(e.denied_until, now + self._hold(e.rule, now,
                                                                               g[3]))
                         e.denied_cost = 1

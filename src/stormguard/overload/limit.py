@@ -21,7 +21,8 @@ the latency is far past the tolerance: then the window closes at once):
   ``1 + 0.75 x (c - 1)`` times their summed baselines): the requests share one resource
   (one core under one GIL, a saturated dependency), more at once is only latency and no
   throughput (Little's law), so the limit steps down, to ``min(limit, c) - 1``, and does
-  not grow for the next 10 windows (at 1 there is no telling whether 2 would be better: it tries once a second);
+  not grow for the next 10 windows (at 1 there is no telling whether 2 would be better:
+  it tries once a second);
 * ``ratio`` near 1 (at most ``1 + (tolerance - 1) / 2``) and the limit was in use (the
   most in flight reached half of it): the limit grows, by 1 below 10 and by
   ``sqrt(limit)`` above;

@@ -106,6 +106,27 @@ def test_requests_that_share_one_core_step_down_to_running_alone() -> None:
     assert seen.count(2) >= 3, seen  # it does try again
 
 
+def test_a_cold_start_into_cpu_bound_overload_finds_one_in_flight() -> None:
+    """Started at 20 under overload on one core: every latency it sees was measured with
+    many requests sharing the core, so its baselines are loaded (up to 20x). The probes
+    (halving, every 3 windows while they find a lower baseline, down to the floor when the
+    baseline was measured one above it) and the shared-core rule bring it to 1 within
+    2 s of 100 ms windows, and it stays at 1-2 (never back to 3-5)."""
+    limit = AdaptiveLimit()
+    now = 0.0
+    seen = []
+    for _ in range(100):
+        c = limit.limit
+        for i in range(10):  # one core, 10 ms of work each: 10 finish per 100 ms window
+            limit.sample(0.01 * c, now + i * 0.01, c)
+        now += 0.1
+        seen.append(limit.limit)
+    assert 1 in seen[:20], seen
+    tail = seen[30:]
+    assert max(tail) <= 3, seen
+    assert tail.count(1) >= 0.8 * len(tail), seen
+
+
 def test_parallel_work_is_not_taken_for_a_shared_core() -> None:
     """Two cores: latency doubles only past 2 in flight, less than in proportion to the
     concurrency; the limit stays where both cores are used."""

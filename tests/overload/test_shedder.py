@@ -25,8 +25,8 @@ def fill(s: Shedder, tier: int) -> list[Ticket]:
     return out
 
 
-@pytest.mark.parametrize(("limit", "caps"), [(10, (10, 8, 5)), (3, (3, 2, 1)), (1, (1, 1, 1)),
-                                             (7, (7, 5, 3))])
+@pytest.mark.parametrize(("limit", "caps"), [(10, (10, 8, 5)), (3, (3, 2, 1)), (2, (2, 1, 1)),
+                                             (1, (1, 1, 1)), (7, (7, 5, 3))])
 def test_tiers_are_caps_on_the_total_in_flight(limit: int, caps: tuple[int, int, int]) -> None:
     """A tier's request is admitted while fewer than floor(limit x share) slots are taken
     (at least 1), whatever tier holds them."""
@@ -164,6 +164,75 @@ def test_freed_slots_go_to_the_most_important_waiter_its_cap_allowing() -> None:
     clock.run(main())
     # fill() ended on one shed critical request; the two capped waiters timed out
     assert s.stats()["shed"] == {"critical": 1, "degraded": 1, "sheddable": 1}
+
+
+def test_at_a_limit_of_one_the_freed_slot_goes_to_critical_before_earlier_waiters() -> None:
+    """At limit 1 every tier's cap is 1: the tiers no longer keep a slot free, so what
+    keeps critical traffic first is the hand-off: each freed slot goes to the most
+    important waiter, however long the others have waited."""
+    clock = FakeClock()
+    s = Shedder(1, queue_timeout=1.0, clock=clock)
+    order: list[str] = []
+
+    async def wait(tier: int, name: str, hold: float) -> None:
+        got = await s.acquire_async(tier)
+        assert isinstance(got, Ticket)
+        order.append(name)
+        await asyncio.sleep(hold)  # virtual time (clock.run): the request runs
+        s.release(got)
+
+    async def main() -> None:
+        busy = s.try_acquire(SHEDDABLE)
+        assert isinstance(busy, Ticket)
+        tasks = [asyncio.create_task(wait(SHEDDABLE, "sheddable", 0.01))]
+        await asyncio.sleep(0.001)  # virtual time (clock.run)
+        tasks.append(asyncio.create_task(wait(DEGRADED, "degraded", 0.01)))
+        await asyncio.sleep(0.001)  # virtual time (clock.run)
+        tasks += [asyncio.create_task(wait(CRITICAL, "critical-1", 0.01)),
+                  asyncio.create_task(wait(CRITICAL, "critical-2", 0.01))]
+        await asyncio.sleep(0.001)  # virtual time (clock.run)
+        assert s.stats()["caps"] == {"critical": 1, "degraded": 1, "sheddable": 1}
+        s.release(busy)
+        await asyncio.gather(*tasks)
+
+    clock.run(main())
+    assert order == ["critical-1", "critical-2", "degraded", "sheddable"]
+    assert s.stats()["shed"] == {"critical": 0, "degraded": 0, "sheddable": 0}
+
+
+class _Recording(AdaptiveLimit):
+    """An adaptive limit that keeps the in-flight count of every sample it is fed."""
+
+    def __init__(self) -> None:
+        super().__init__(initial=10)
+        self.seen: list[int] = []
+
+    def sample(self, rtt: float, now: float, in_flight: int, key: str = "") -> float | None:
+        self.seen.append(in_flight)
+        return super().sample(rtt, now, in_flight, key)
+
+
+def test_a_request_joined_by_others_is_not_sampled_as_alone() -> None:
+    """The limit learns from requests that ran alone (no-load baselines, "the machine is
+    slow" holds); one that started alone but was joined by another did not run alone."""
+    clock = FakeClock()
+    limit = _Recording()
+    s = Shedder(limit, clock=clock)
+    a = s.try_acquire(CRITICAL)  # alone when it starts
+    assert isinstance(a, Ticket)
+    assert a.in_flight == 1
+    clock.advance(0.01)
+    b = s.try_acquire(CRITICAL)  # joins it
+    assert isinstance(b, Ticket)
+    clock.advance(0.01)
+    s.release(b)
+    clock.advance(0.01)
+    s.release(a)  # b has left already, but it ran beside a: 2
+    c = s.try_acquire(CRITICAL)
+    assert isinstance(c, Ticket)
+    clock.advance(0.01)
+    s.release(c)  # nobody else started meanwhile: alone
+    assert limit.seen == [2, 2, 1]
 
 
 def test_a_standing_queue_sheds_arrivals_at_once_and_serves_newest_first() -> None:

@@ -15,11 +15,14 @@ the latency is far past the tolerance: then the window closes at once):
   window (at least 2) were as slow (their median ratio above the tolerance too): then
   the slowness is not a queue of ours (a busy machine, a slow disk) and a lower limit
   would only shed requests, so it holds;
-* the ratio grew with the concurrency (the window's mean in flight ``c`` at least 1.5,
-  ``ratio >= 1 + 0.75 x (c - 1)``): the requests share one resource (one core under one
-  GIL, a saturated dependency), more at once is only latency and no throughput (Little's
-  law), so the limit steps down, to ``min(limit, c) - 1``, and does not grow for the next
-  10 windows (at 1 there is no telling whether 2 would be better: it tries once a second);
+* the latency grew with the concurrency (``c``, the window's concurrency, at least 1.5:
+  the smaller of the mean in-flight count its requests saw and Little's law's, their
+  summed latency over the window's duration; and the summed latency at least
+  ``1 + 0.75 x (c - 1)`` times their summed baselines): the requests share one resource
+  (one core under one GIL, a saturated dependency), more at once is only latency and no
+  throughput (Little's law), so the limit steps down, to ``min(limit, c) - 1``, and does
+  not grow for the next 10 windows (at 1 there is no telling whether 2 would be better:
+  it tries once a second);
 * ``ratio`` near 1 (at most ``1 + (tolerance - 1) / 2``) and the limit was in use (the
   most in flight reached half of it): the limit grows, by 1 below 10 and by
   ``sqrt(limit)`` above;
@@ -39,11 +42,13 @@ every window (``tests/overload/test_limit.py`` runs both through that scenario).
 A limit that starts under overload learns a loaded baseline: no request it sees ran at
 no load. So unless the baselines were measured with one request in flight, the fifth
 window is a **probe**: the limit is lowered, for one window in which it does not grow, to
-a fifth below the concurrency at which the baseline was measured (and below the last
-probe), never below a quarter of itself. If latency falls with it (some route's baseline
-drops by 5 % or more), the baseline was a loaded one: probes go on every 10 windows until
+half the concurrency at which the baseline was measured (and half the last probe),
+never below a quarter of itself. If latency falls with it (some route's baseline
+drops by 5 % or more), the baseline was a loaded one: probes go on every 3 windows until
 one finds nothing, and then stop for good. A probe costs at most 3/4 of the slots for
-one window (about 100 ms), and never goes to the floor (``min``).
+one window (about 100 ms), and goes to the floor (``min``) only when the baseline was
+measured one above it (on one CPU-bound core, a baseline learnt at 2 in flight is twice
+the real one, and only a window at 1 tells).
 """
 
 from __future__ import annotations
@@ -61,11 +66,11 @@ MAX_KEYS = 256
 _RATIO_CAP = 10.0
 #: the most one window may take off the limit (x 0.5)
 SHRINK_FLOOR = 0.5
-#: probe windows: the limit x 0.8, at window 5, then every 10 while a probe finds a lower
+#: probe windows: the limit x 0.5, at window 5, then every 3 while a probe finds a lower
 #: baseline (the one learnt was measured under load); stopped by the first that does not
-PROBE = 0.8
+PROBE = 0.5
 FIRST_PROBE = 5
-PROBE_EVERY = 10
+PROBE_EVERY = 3
 #: latency at least 1 + SHARED x (concurrency - 1) times the minimum: the requests in flight
 #: share one resource (no parallel speed-up), so the limit steps down by one
 SHARED = 0.75
@@ -112,7 +117,9 @@ class AdaptiveLimit:
         "_ratios",
         "_since",
         "_sum",
+        "_sum_base",
         "_sum_in_flight",
+        "_sum_rtt",
         "_windows",
         "initial",
         "max",
@@ -149,25 +156,29 @@ class AdaptiveLimit:
         self._ratios: list[float] = []
         self._max_in_flight = 0
         self._sum_in_flight = 0
+        self._sum_rtt = 0.0  # this window's latencies, and its requests' baselines
+        self._sum_base = 0.0
         self._grow_after = 0  # no growth before this window (after a shared-core step down)
         self._windows = 0
         self._probe_at: int | None = FIRST_PROBE
         self._probing = False
         self._lowered = False
-        self._probe_limit = math.inf  # each probe goes a fifth below the last one
+        self._probe_limit = math.inf  # each probe goes to half the last one
         self._base_in_flight = 0  # in flight when the latest baseline was measured
 
     @property
     def limit(self) -> int:
         """The current limit, an integer within ``[min, max]``."""
-        if self._probing:  # never to the floor: that is what makes Envoy's probes hurt
+        if self._probing:  # never to the floor (what makes Envoy's probes hurt), unless
+            # the baseline was measured one above it: then the floor is the question
+            floor = self.min + 1 if self._base_in_flight > self.min + 1 else self.min
             return min(int(self._limit),
-                       max(self.min + 1, int(min(self._limit, self._probe_limit))))
+                       max(floor, int(min(self._limit, self._probe_limit))))
         return int(self._limit)
 
     @property
     def probing(self) -> bool:
-        """True during a probe window (the limit is lowered by a fifth)."""
+        """True during a probe window (the limit is lowered, to half at most)."""
         return self._probing
 
     def baseline(self, key: str = "") -> float | None:
@@ -206,6 +217,8 @@ class AdaptiveLimit:
         self._n += 1
         self._max_in_flight = max(self._max_in_flight, in_flight)
         self._sum_in_flight += in_flight
+        self._sum_rtt += rtt
+        self._sum_base += b
         since = self._since
         if since is None:
             self._since = now
@@ -235,8 +248,8 @@ class AdaptiveLimit:
             pass  # requests that ran alone were slow too: not a queue a lower limit shortens
         elif mean > tol:
             limit *= max(SHRINK_FLOOR, tol / mean)
-        elif (shared := self._sum_in_flight / self._n) >= 1.5 \
-                and mean >= 1.0 + SHARED * (shared - 1.0):
+        elif (shared := min(self._sum_in_flight / self._n, self._little(now))) >= 1.5 \
+                and self._sum_rtt >= self._sum_base * (1.0 + SHARED * (shared - 1.0)):
             # latency grew with the concurrency: the requests share one resource (a core,
             # the GIL, a saturated dependency), so more of them at once only adds latency
             # (Little: no more throughput); step down toward where each runs alone
@@ -251,6 +264,7 @@ class AdaptiveLimit:
         self._sum = 0.0
         self._max_in_flight = 0
         self._sum_in_flight = 0
+        self._sum_rtt = self._sum_base = 0.0
         self._windows += 1
         if self._probing:  # found a lower baseline: it was a loaded one, look again later
             self._probing = False
@@ -264,6 +278,14 @@ class AdaptiveLimit:
                     self._limit, self._probe_limit, float(self._base_in_flight)))
         self._lowered = False
         return mean
+
+    def _little(self, now: float) -> float:
+        """The window's mean concurrency by Little's law: its requests' summed latency
+        over its duration (the in-flight counts seen at the ends of a request overstate
+        it when the others left early)."""
+        since = self._since
+        span = now - since if since is not None else 0.0
+        return self._sum_rtt / span if span > 0 else math.inf
 
     def stats(self) -> dict[str, Any]:
         return {"limit": self.limit, "adaptive": True, "min": self.min, "max": self.max,

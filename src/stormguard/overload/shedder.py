@@ -65,13 +65,14 @@ def tier_index(field: str, tier: object) -> int:
 class Ticket:
     """One admitted request: release it with :meth:`Shedder.release` when it finishes."""
 
-    __slots__ = ("in_flight", "key", "start", "tier")
+    __slots__ = ("in_flight", "key", "seq", "start", "tier")
 
-    def __init__(self, tier: int, start: float, in_flight: int, key: str) -> None:
+    def __init__(self, tier: int, start: float, in_flight: int, key: str, seq: int = 0) -> None:
         self.tier = tier
         self.start = start
         self.in_flight = in_flight
         self.key = key
+        self.seq = seq  # the shedder's admissions so far: did others start during its life?
 
 
 class _Waiter:
@@ -123,6 +124,7 @@ class Shedder:
         self._listeners: list[Listener] = list(listeners)
         self._lock = threading.Lock()
         self._in_flight = 0
+        self._seq = 0  # admissions so far
         self._tier_in_flight = [0, 0, 0]
         self._queues: tuple[deque[_Waiter], ...] = (deque(), deque(), deque())
         self._waiting = 0
@@ -239,7 +241,8 @@ class Shedder:
         self._in_flight += 1
         self._tier_in_flight[tier] += 1
         self._admitted[tier] += 1
-        return Ticket(tier, now, self._in_flight, key)
+        self._seq += 1
+        return Ticket(tier, now, self._in_flight, key, self._seq)
 
     def _dispatch(self, now: float) -> None:
         """Hand free slots to waiters, most important tier first (newest first when the
@@ -409,7 +412,14 @@ class Shedder:
             limit = self.limit
             if ok and limit.adaptive:
                 old = limit.limit
-                ratio = limit.sample(now - ticket.start, now, ticket.in_flight, ticket.key)
+                # the concurrency it ran under: in flight when it started, or, when others
+                # were admitted during its life, at least 2 and as many as are in flight now
+                # (a request that started alone and was joined did not run alone: taking
+                # its slowness for the machine's would hold a limit that is too high)
+                seen = ticket.in_flight
+                if self._seq != ticket.seq:
+                    seen = max(seen, self._in_flight + 1, 2)
+                ratio = limit.sample(now - ticket.start, now, seen, ticket.key)
                 if ratio is not None and limit.limit != old and observed(self._listeners):
                     emit(self._listeners, LimitChanged(self.name, now, old, limit.limit, ratio))
             if self._waiting:

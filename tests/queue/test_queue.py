@@ -412,6 +412,62 @@ def test_circuit_open_from_the_handler_itself_counts_the_same(
     assert queue.dead() == []
 
 
+def test_a_breaker_pause_holds_every_slot_of_the_worker(
+        queue: DeferredQueue, clock: FakeClock) -> None:
+    """A handler whose breaker is open pauses the whole worker before its job is given
+    back: a dispatcher round for another free slot, run in the gap between the two, must
+    not take the job and call the handler inside the breaker's wait. The gap is widened
+    on purpose: the pause waits (real time, at most 2 s) until the dispatcher has made
+    one more round; with the job given back first, that round takes it at once (seen
+    under load in a whole-suite run: the second call 7.7 virtual seconds into a 12 s
+    wait)."""
+    rec = Recorder(clock, fail=1, exc=CircuitOpen(remaining=12.0))
+    queue.defer("send_sms", {"order": 1})
+    worker = queue.worker({"send_sms": rec}, concurrency=2, max_attempts=1)
+    rounds = threading.Event()
+    real_round, real_pause = worker._round, worker._pause
+
+    def counting_round(n: int) -> list[Any]:
+        jobs = real_round(n)
+        rounds.set()
+        return jobs
+
+    def slow_pause(seconds: float) -> None:
+        rounds.clear()
+        rounds.wait(2.0)  # real time: the dispatcher's next round (its own thread)
+        real_pause(seconds)
+
+    worker._round = counting_round  # type: ignore[method-assign]
+    worker._pause = slow_pause  # type: ignore[method-assign]
+    assert worker.drain(timeout=60)
+    assert len(rec.calls) == 2
+    assert rec.calls[1][0] - rec.calls[0][0] >= 12.0 - 1e-6
+
+
+def test_jobs_a_round_took_while_a_pause_began_are_given_back(
+        queue: DeferredQueue, clock: FakeClock) -> None:
+    """A round already on its way when another slot's handler pauses the worker: what it
+    took goes back untouched and is run when the pause ends."""
+    rec = Recorder(clock)
+    queue.defer("send_sms", {"order": 1})
+    worker = queue.worker({"send_sms": rec}, concurrency=2)
+    real_round = worker._round
+    paused = []
+
+    def round_meeting_a_pause(n: int) -> list[Any]:
+        jobs = real_round(n)
+        if jobs and not paused:  # the breaker opened on another slot meanwhile
+            paused.append(clock.monotonic())
+            worker._pause(5.0)
+        return jobs
+
+    worker._round = round_meeting_a_pause  # type: ignore[method-assign]
+    assert worker.drain(timeout=60)
+    assert len(rec.calls) == 1
+    assert rec.calls[0][0] - paused[0] >= 5.0 - 1e-6
+    assert queue.stats() == {"pending": 0, "in_flight": 0, "dead": 0}
+
+
 def test_asyncio_worker_with_a_breaker_and_a_timeout(queue: DeferredQueue,
                                                      clock: FakeClock) -> None:
     """The whole flow on FakeClock.run: a slow provider times out, the breaker opens, the

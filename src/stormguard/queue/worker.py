@@ -182,8 +182,10 @@ class Worker:
             return
         pause = pause_for(exc, self.poll_interval)
         if pause is not None:
-            backend.release(job, self.clock.wall())
+            # pause first: a job given back before the pause is in force could be taken
+            # at once by a dispatcher round for another slot, inside the breaker's wait
             self._pause(pause)
+            backend.release(job, self.clock.wall())
             if observed(self.listeners):
                 self._emit(WorkerPaused(self.name, self.clock.monotonic(), job.task, job.id,
                                         pause, type(exc).__name__))
@@ -233,6 +235,20 @@ class Worker:
             with self._pause_lock:
                 self.completed += sum(acked)
         return jobs
+
+    def _taken(self, jobs: list[Job]) -> list[Job]:
+        """The jobs a round took, unless a handler paused the worker meanwhile (a breaker
+        opened on another slot while the round was on its way): those are given back
+        untouched and taken again when the pause ends."""
+        if not jobs or self._paused_until <= self.clock.monotonic():
+            return jobs
+        for job in jobs:
+            try:
+                self.queue.backend.release(job, self.clock.wall())
+            except StorageError as err:
+                _log.warning("stormguard worker %s: job %s: the queue failed (%s); the job "
+                             "is taken again when its lease ends", self.name, job.id, err)
+        return []
 
     def _renew(self, held: Iterable[_Held], now: float) -> None:
         due = [h for h in held if now - h.leased_at >= self.visibility_timeout / 2]
@@ -340,7 +356,7 @@ class Worker:
                     clock.sleep(min(wait, self.poll_interval) if end is None
                                 else min(wait, self.poll_interval, end - now))
                     continue
-                jobs = self._round(self.concurrency - len(running))
+                jobs = self._taken(self._round(self.concurrency - len(running)))
                 for job in jobs:
                     running[pool.submit(self._safe_process, job)] = _Held(job, now)
                 if jobs:
@@ -427,7 +443,7 @@ class Worker:
                     await clock.asleep(min(wait, self.poll_interval) if end is None
                                        else min(wait, self.poll_interval, end - now))
                     continue
-                jobs = self._round(self.concurrency - len(running))
+                jobs = self._taken(self._round(self.concurrency - len(running)))
                 for job in jobs:
                     running[asyncio.ensure_future(self._asafe_process(job))] = _Held(job, now)
                 if jobs:

@@ -358,3 +358,19 @@ def test_async_rate_limiter_over_a_hybrid_store(clock: FakeClock) -> None:
     results = clock.run(main())
     assert results == [True] * 10 + [False] * 5
     assert store.stats()["syncs"] >= 5
+
+
+def test_a_sharded_key_peeks_the_same_on_both_apis() -> None:
+    """``apeek`` of a sharded key reads every shard, as ``peek`` does (it read the key
+    unsharded, where nothing is counted, and answered another limit)."""
+    clock = FakeClock()
+    rule = Rule(30, 60, algorithm="fixed_window")
+    store = HybridStore(MemoryStore(clock=clock), sync_interval=None, shards=3, clock=clock)
+    for _ in range(10):
+        store.hit("k", rule)
+    store.sync()
+    other = HybridStore(store.backend, sync_interval=None, shards=3, clock=clock)
+    blocking = other.peek("k", rule)
+    assert (blocking.allowed, blocking.limit) == (True, 30)
+    assert blocking.remaining < 30  # the shards' counts are read
+    assert asyncio.run(other.apeek("k", rule))[:3] == blocking[:3]

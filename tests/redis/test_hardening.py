@@ -136,7 +136,7 @@ def test_a_reset_mid_flight_ends_every_check(resetting: ResettingServer, loop_ki
         resetting.go.set()
         assert resetting.reset_done.wait(5)
         # real time, and blocking the loop is the point: it must not see the RST
-        time.sleep(0.02)  # noqa: ASYNC251
+        time.sleep(0.02)  # noqa: ASYNC251  (real time: the loop blocked on a real socket)
         rest = [asyncio.ensure_future(limiter.hit(f"k{i}", RULE)) for i in range(1, 41)]
         t = time.perf_counter()
         _, pending = await asyncio.wait([first, *rest], timeout=10 * timeout)

@@ -898,8 +898,9 @@ class HybridStore(Store):
             return self._degraded_hit(key, rule, cost)
         return self._apply(key, rule, cost, now, g)
 
-    def peek(self, key: str, rule: Rule, cost: int = 1) -> Decision:
-        cost = self._check(key, rule, cost)
+    def _peek_here(self, key: str, rule: Rule, cost: int) -> Decision | None:
+        """A peek answered without the backend: a remembered denial, a lease that covers
+        ``cost``, or the degraded view; None when the backend must be read."""
         now = self._now()
         with self._lock:
             e = self._entries.get((rule._id, key))
@@ -912,8 +913,16 @@ class HybridStore(Store):
                                            rule, False))
         if self._degraded:
             return self._degraded_hit(key, rule, cost, consume=False)
+        return None
+
+    def peek(self, key: str, rule: Rule, cost: int = 1) -> Decision:
+        cost = self._check(key, rule, cost)
+        d = self._peek_here(key, rule, cost)
+        if d is not None:
+            return d
         if self.shards > 1 and rule.algorithm in _LOCAL:
-            return self._peek_shards(key, rule, cost)
+            return self._shards_view(key, rule, cost,
+                                     self._b.lease_many(self._shard_reads(key, rule)))
         bkey, brule = self._backend_key(key, rule)
         try:
             self._b._trips += 1
@@ -924,11 +933,14 @@ class HybridStore(Store):
             self._set_degraded(True, str(exc))
             return self._degraded_hit(key, rule, cost, consume=False)
 
-    def _peek_shards(self, key: str, rule: Rule, cost: int) -> Decision:
-        """A sharded key's view: every shard read in one batch (one round trip per node),
-        the sum of what they have left."""
-        parts = [self._shard_rule(rule, i) for i in range(self.shards)]
-        grants = self._b.lease_many([(f"{key}\x00{i}", r, 0, 0) for i, r in enumerate(parts)])
+    def _shard_reads(self, key: str, rule: Rule) -> list[LeaseRequest]:
+        """A read of every shard of ``key`` (one batch: one round trip per node)."""
+        return [(f"{key}\x00{i}", self._shard_rule(rule, i), 0, 0) for i in range(self.shards)]
+
+    def _shards_view(self, key: str, rule: Rule, cost: int,
+                     grants: list[Grant | StorageError]) -> Decision:
+        """A sharded key's view from the reads of its shards: the sum of what they have
+        left; allowed when one shard can take ``cost``."""
         errors = [g for g in grants if isinstance(g, StorageError)]
         if errors:
             self._set_degraded(True, str(errors[0]))
@@ -1042,18 +1054,12 @@ class HybridStore(Store):
     # -- asyncio twins of the slow paths (ahit is above) ---------------------------------
     async def apeek(self, key: str, rule: Rule, cost: int = 1) -> Decision:
         cost = self._check(key, rule, cost)
-        now = self._now()
-        with self._lock:
-            e = self._entries.get((rule._id, key))
-            if e is not None:
-                if e.denied_until > now and cost >= e.denied_cost:
-                    return _new(Decision, (False, rule._algo.B, 0, 0.0,
-                                           (e.denied_until - now) / 1e6, rule, False))
-                if e.lease >= cost and (e.expires == 0 or now < e.expires):
-                    return _new(Decision, (True, rule._algo.B, e.lease + e.remaining, 0.0, 0.0,
-                                           rule, False))
-        if self._degraded:
-            return self._degraded_hit(key, rule, cost, consume=False)
+        d = self._peek_here(key, rule, cost)
+        if d is not None:
+            return d
+        if self.shards > 1 and rule.algorithm in _LOCAL:
+            return self._shards_view(key, rule, cost,
+                                     await self._b.alease_many(self._shard_reads(key, rule)))
         bkey, brule = self._backend_key(key, rule)
         try:
             self._b._trips += 1

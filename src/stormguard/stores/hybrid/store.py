@@ -405,13 +405,33 @@ class HybridStore(Store):
         # this process alone took from in its last whole window (a balancer that sends it
         # here only) may take what it took then, for the rest of this window, of all
         # that is left: no other process asks for it
-        share = e.remaining // self._peers
+        share = self._share(e, now, horizon)
         if rule.algorithm in _WINDOWS and e.sole:
             w = rule._algo.W
             more = max(more, e.last_granted * (w - now % w) // w)
             share = e.remaining
         more = min(more, share)
         return max(cost, min(cap, cost + more))
+
+    def _share(self, e: _Entry, now: int, interval_us: int) -> int:
+        """What this process may take of what the backend had left at its last reply:
+        ``remaining / processes``, but at least its own demand until the next round (as
+        much as is left), so that a key near its limit is not leased in ever smaller
+        parts (each a round trip); and all of it for a window in which no other process
+        has taken from the counter yet (the units taken are all this process's). Before
+        the first round has counted the processes: nothing beyond each check's cost."""
+        rem = e.remaining
+        if self._peers >= 1 << 30 or rem <= 0:
+            return 0
+        rule = e.rule
+        if (rule.algorithm in _WINDOWS and e.expires and now < e.expires
+                and rule._algo.B - rem <= e.granted):
+            return rem
+        if rule.algorithm == "sliding_window_counter":
+            # (no floor: the busy processes would empty the window early, and the outage
+            # parts the others measure at their last reply of it would overstate theirs)
+            return rem // self._peers
+        return max(rem // self._peers, min(rem, int(e.rate * interval_us)))
 
     def _interval_us(self, now: int) -> int:
         if self.sync_interval is not None:
@@ -1174,7 +1194,13 @@ class HybridStore(Store):
         elapsed = max(1, now - e.synced_at)
         busy = e.demand >= 2  # one check in a round says nothing of the next round
         rate = e.demand / elapsed if busy else 0.0  # units per microsecond
-        e.rate = rate if e.rate == 0 else 0.5 * (e.rate + rate)
+        if not busy and elapsed > interval_us * 3 // 2:
+            # unchecked for a whole round or more, and not busy now: cold again (a rate
+            # halved at each rare check would never reach 0, and keep the key off the
+            # allowance: a lease on the request path for each of its checks)
+            e.rate = 0.0
+        else:
+            e.rate = rate if e.rate == 0 else 0.5 * (e.rate + rate)
         e.used = 0
         e.demand = 0
         e.synced_at = now
@@ -1190,7 +1216,7 @@ class HybridStore(Store):
             # a window's lease is void at its end: no more than the demand until then
             w = rule._algo.W
             horizon = min(horizon, w - now % w)
-        return min(int(e.rate * horizon), e.remaining // self._peers) - lease
+        return min(int(e.rate * horizon), self._share(e, now, interval_us)) - lease
 
     def sync(self) -> dict[str, Any]:
         """One sync round now (one round trip per backend node); the stats of the round."""

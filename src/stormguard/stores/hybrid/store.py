@@ -624,17 +624,19 @@ class HybridStore(Store):
         """A check of a key this process holds no lease for: denied when the board says
         the key is exhausted, admitted on the allowance (charged at the next round), or
         None: ask the backend (lock held)."""
-        if e is not None and (e.lease > 0 or e.rate > 0):
-            return None  # a key this process leases: exact
         board = self._board
         if board:
             bid = self._b.board_id(key, rule)
             until = board.get(bid)
             if until is not None:
-                if now < until:  # exhausted on the backend: denied here until it frees
+                if now < until:
+                    # exhausted on the backend: denied here until it frees, also when this
+                    # process leases the key (its lease cannot cover the check: the backend
+                    # would deny the lease it would ask for)
                     e = self._entry(key, rule, now)
+                    held = e.lease if (e.expires == 0 or now < e.expires) else 0
                     e.denied_until = until
-                    e.denied_cost = 1
+                    e.denied_cost = held + 1
                     e.demand += cost
                     self._mark(e)
                     self._denials_cached += 1
@@ -643,6 +645,10 @@ class HybridStore(Store):
                 if now < until + _CONTENDED_WINDOWS * rule._algo.W:
                     return None  # contended: exact, no allowance
                 del board[bid]
+        if e is not None and ((e.lease > 0 and (e.expires == 0 or now < e.expires))
+                              or (e.rate > 0 and now - e.synced_at
+                                  <= 2 * self._interval_us(now))):
+            return None  # a key this process leases (busy in its last rounds): exact
         win = now // rule._algo.W
         if e is None:
             e = self._entry(key, rule, now)

@@ -1,0 +1,129 @@
+"""What a fleet's checks cost the backend on the request path: round trips outside the sync
+rounds, on FakeClock fleets of HybridStores over one MemoryStore (the behaviours that keep
+the 500-server simulation's Redis time down), with the admissions still exact."""
+
+from __future__ import annotations
+
+from stormguard import HybridStore, MemoryStore, Rule
+from stormguard.testing import FakeClock
+
+
+def fleet(clock: FakeClock, n: int, allowance: int = 0,
+          backend: MemoryStore | None = None) -> tuple[MemoryStore, list[HybridStore]]:
+    backend = backend if backend is not None else MemoryStore(clock=clock)
+    members = [HybridStore(backend, sync_interval=None, clock=clock, deny_hold=0.1,
+                           cold_allowance=allowance) for _ in range(n)]
+    for m in members:
+        m.sync()  # each counts itself in
+    return backend, members
+
+
+def trips(m: HybridStore) -> int:
+    return int(m.stats()["backend_round_trips"])
+
+
+def at_window_start(clock: FakeClock, window: float = 1.0) -> None:
+    clock.set_wall((clock.wall() // window + 1) * window + 0.001)
+
+
+def test_a_busy_key_near_its_limit_is_leased_its_demand_not_a_sliver(
+        clock: FakeClock) -> None:
+    """20 processes counted; one busy process (25 checks a round) on a key the others
+    have nearly emptied: its round's lease covers its round (remaining / 20 would be 10:
+    a round trip on the request path every 10 checks)."""
+    at_window_start(clock)
+    backend, members = fleet(clock, 20)
+    rule = Rule(1000, 1, algorithm="fixed_window")
+    busy = members[0]
+    for _ in range(2):  # two rounds of 25 checks: its rate is known
+        for _ in range(25):
+            assert busy.hit("api", rule).allowed
+            clock.advance(0.004)
+        busy.sync()
+    left = backend.peek("api", rule).remaining
+    assert backend.hit("api", rule, left - 200 - busy.stats()["lease_held"]).allowed
+    asked = 0
+    for _ in range(4):  # rounds of 25 checks from what is left: about 200
+        before = trips(busy)
+        admitted = 0
+        for _ in range(25):
+            admitted += busy.hit("api", rule).allowed
+            clock.advance(0.004)
+        assert admitted == 25
+        asked += trips(busy) - before
+        busy.sync()
+    assert asked == 0  # every check on the round's lease, none on the request path
+    assert backend.peek("api", rule).remaining >= 0
+
+
+def test_a_process_alone_on_a_key_leases_ahead_within_its_first_window(
+        clock: FakeClock) -> None:
+    """A key that reaches one process only (a sticky balancer), 20 processes counted: once
+    a reply shows that the units taken from this window's counter are all its own, its
+    share is all that is left, not remaining / 20 (0 for a limit of 10)."""
+    at_window_start(clock)
+    _, members = fleet(clock, 20, allowance=1)
+    rule = Rule(10, 1, algorithm="fixed_window")
+    p = members[0]
+    asked = admitted = 0
+    for i in range(8):  # 8 checks in the window: 2 per round
+        before = trips(p)
+        admitted += p.hit("user", rule).allowed
+        asked += trips(p) - before
+        clock.advance(0.05)
+        if i % 2 == 1:
+            p.sync()
+    assert admitted == 8
+    # the allowance, then one lease of one unit on the request path, then leases sized
+    # by its demand in the rounds (remaining / 20 would be 0: one lease per check)
+    assert asked == 1
+
+
+def test_a_key_unseen_for_a_round_is_cold_again(clock: FakeClock) -> None:
+    """A key seen twice in one round, then once a window: after a round without a check it
+    is admitted on the allowance again (charged at the next round), not leased on the
+    request path at each check."""
+    at_window_start(clock)
+    backend, members = fleet(clock, 20, allowance=1)
+    rule = Rule(10, 1, algorithm="fixed_window")
+    p = members[0]
+    assert p.hit("user", rule).allowed
+    assert p.hit("user", rule).allowed  # busy in this round
+    p.sync()
+    for _ in range(4):  # then one check a window
+        clock.advance(1.0)
+        p.sync()
+        before, cold = trips(p), p.stats()["cold_admitted"]
+        assert p.hit("user", rule).allowed
+        assert trips(p) == before
+        assert p.stats()["cold_admitted"] == cold + 1
+        clock.advance(0.1)
+        p.sync()  # charged
+        assert backend.peek("user", rule).remaining == 9
+
+
+def test_a_leased_key_on_the_board_is_denied_without_a_round_trip(clock: FakeClock) -> None:
+    """A process leasing a key reads on the board that another exhausted it: when its lease
+    runs out it denies in memory until the key frees, instead of asking (and being denied)."""
+    at_window_start(clock)
+    backend, (a, b, *_) = fleet(clock, 4, allowance=1)
+    rule = Rule(100, 1, algorithm="fixed_window")
+    for _ in range(3):
+        for _ in range(10):
+            assert a.hit("bot", rule).allowed
+            clock.advance(0.01)
+        a.sync()
+    # b takes what is left (a lease on the request path each time its lease runs out)
+    while b.hit("bot", rule).allowed:
+        pass
+    b.sync()  # the lease that took the last unit is on the board
+    a.sync()  # a reads it
+    before = trips(a)
+    results = [a.hit("bot", rule).allowed for _ in range(a.stats()["lease_held"] + 20)]
+    assert results.count(False) == 20
+    assert not any(results[-20:])
+    assert trips(a) == before  # the lease spent, then denied in memory
+    assert backend.peek("bot", rule).remaining == 0
+    clock.advance(1.0)  # the next window: asked again
+    assert a.hit("bot", rule).allowed
+    assert trips(a) == before + 1

@@ -127,3 +127,31 @@ def test_a_leased_key_on_the_board_is_denied_without_a_round_trip(clock: FakeClo
     clock.advance(1.0)  # the next window: asked again
     assert a.hit("bot", rule).allowed
     assert trips(a) == before + 1
+
+
+def test_a_key_emptied_in_the_last_window_is_leased_at_the_first_round_of_the_next(
+        clock: FakeClock) -> None:
+    """A busy key whose last reply said 0 left (the window was emptied): the first round of
+    the next window leases its demand from the new quota (remaining 0 / processes would
+    lease nothing, and every check would ask on the request path)."""
+    at_window_start(clock)
+    backend, members = fleet(clock, 20)
+    rule = Rule(100, 1, algorithm="fixed_window")
+    busy = members[0]
+    for _ in range(3):
+        for _ in range(20):
+            busy.hit("api", rule)
+            clock.advance(0.005)
+        busy.sync()
+    backend.hit("api", rule, backend.peek("api", rule).remaining)  # the others empty it
+    while busy.hit("api", rule).allowed:  # its lease spent; then a reply: 0 left
+        clock.advance(0.001)
+    for _ in range(20):  # denied in memory: still its demand
+        assert not busy.hit("api", rule).allowed
+        clock.advance(0.001)
+    at_window_start(clock)
+    busy.sync()  # the first round of the new window
+    assert busy.stats()["lease_held"] >= 20
+    before = trips(busy)
+    assert all(busy.hit("api", rule).allowed for _ in range(20))
+    assert trips(busy) == before

@@ -419,11 +419,14 @@ class HybridStore(Store):
         much as is left), so that a key near its limit is not leased in ever smaller
         parts (each a round trip); and all of it for a window in which no other process
         has taken from the counter yet (the units taken are all this process's). Before
-        the first round has counted the processes: nothing beyond each check's cost."""
+        the first round has counted the processes: nothing beyond each check's cost.
+        (A fixed window's remaining from a window that has ended is the whole limit.)"""
         rem = e.remaining
+        rule = e.rule
+        if rule.algorithm == "fixed_window" and e.expires and now >= e.expires:
+            rem = rule._algo.B  # the last reply was of a window that has ended: a new quota
         if self._peers >= 1 << 30 or rem <= 0:
             return 0
-        rule = e.rule
         if (rule.algorithm in _WINDOWS and e.expires and now < e.expires
                 and rule._algo.B - rem <= e.granted):
             return rem

@@ -13,6 +13,7 @@ that docs/performance.md quotes, then the regions table of :mod:`stormguard.sim.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -41,11 +42,14 @@ def main() -> None:
                         help="HybridStore's cold_allowance (0: exact, every unit leased)")
     parser.add_argument("--script-adds", action="store_true",
                         help="every forced add a key of the lease script (no native SET NX)")
+    parser.add_argument("--redis-costs", default=None, metavar="JSON",
+                        help='figures replacing REDIS_COSTS, e.g. \'{"script": 16.9}\'')
     args = parser.parse_args()
     fleet = simulate(rate=args.rate, seconds=args.seconds, users=args.users, zipf=args.zipf,
                      balance=args.balance, hot_rate=args.hot_rate, node_ops=args.node_ops,
                      seed=args.seed, cold_allowance=args.cold_allowance,
-                     native_adds=not args.script_adds)
+                     native_adds=not args.script_adds,
+                     redis_costs=json.loads(args.redis_costs) if args.redis_costs else None)
     print(fleet.text())
     if args.regions:  # the fleet's regions: stormguard.sim.regions, the full run
         from stormguard.sim.regions import simulate as regions

@@ -403,6 +403,58 @@ def test_a_native_reply_that_says_the_key_is_exhausted_denies_in_memory(
             m.close()
 
 
+def test_a_native_add_on_a_full_window_is_not_charged_again(redis_url: str,
+                                                             clock: FakeClock) -> None:
+    """A native add that finds its key's window full already (a key over its limit) needs
+    no script run in the next round: the count only grows until the window ends."""
+    clock.set_wall(START + 30.0)
+    rule = Rule(2, 60, algorithm="fixed_window")
+    opts = {"sync_interval": None, "clock": clock, "time_source": "client", "timeout": 1.0,
+            "cold_allowance": 1}
+    a, b, c = (HybridStore(redis_url, **opts) for _ in range(3))  # type: ignore[arg-type]
+    direct = RedisStore(redis_url, clock=clock, time_source="client")
+    try:
+        for m in (a, b, c):
+            m.sync()
+        assert direct.hit("over", rule, 2).allowed  # the window is full
+        assert c.hit("over", rule).allowed  # c admitted it on its allowance before knowing
+        scripts = c._b.scripts
+        c.sync()  # native: present, full
+        assert c._b.native_present == 1
+        assert c._b.owe_keys == 0
+        trips = c.stats()["backend_round_trips"]
+        assert not c.hit("over", rule).allowed  # the reply said full: denied in memory
+        assert c.stats()["backend_round_trips"] == trips
+        c.sync()  # nothing owed: no forced add in the script
+        assert c._b.owe_keys == 0
+        assert c._b.scripts - scripts <= 2  # the rounds' peer counts only
+        assert not direct.hit("over", rule).allowed
+        assert direct.peek("over", rule).remaining == 0
+    finally:
+        for m in (a, b, c):
+            m.close()
+        direct.close()
+
+
+def test_a_native_add_on_a_full_window_on_a_memory_backend(clock: FakeClock) -> None:
+    # the simulation's emulation: the same, and a key not full is still charged
+    clock.set_wall(START + 0.5)
+    backend, (p, q) = fleet(clock, 2, 1)
+    for m in (p, q):
+        m._b.native = True
+    rule = Rule(3, 1, algorithm="fixed_window")
+    assert backend.hit("full", rule, 3).allowed
+    assert backend.hit("part", rule, 1).allowed
+    assert p.hit("full", rule).allowed  # the allowance
+    assert p.hit("part", rule).allowed
+    p.sync()
+    assert p._b.native_present == 2
+    p.sync()  # only "part" is charged by the script
+    assert p._b.owe_keys == 1
+    assert backend.peek("part", rule).remaining == 1
+    assert not p.hit("full", rule).allowed
+
+
 def test_native_adds_keep_the_fleet_bound_on_a_memory_backend(clock: FakeClock) -> None:
     # the simulation's emulation of the native path: per window at most limit + a x n
     clock.set_wall(START + 0.5)

@@ -24,9 +24,13 @@ A new key (the common case of a cold key) is created with the units, charged exa
 key present is left as it is and its reply says what it holds: the grant then has
 ``granted = 0`` (not charged; the hybrid store charges it in its next round with the
 script, ``min = FORCED_SCRIPT``) and the key's remaining after the units owed, so a
-key those units exhaust is known at once. The window is the server's (the offset of the
-last script reply's time); within ``NATIVE_MARGIN_US`` of a window's edge, or before any
-reply, the add goes in the script.
+key those units exhaust is known at once. A key present whose window is full already
+(its count at the limit or past it) answers ``granted = want``, remaining 0: nothing is
+left to charge for, since a fixed window's count only grows until the window ends (no
+lease can take from it, every check is denied), so the units would change no decision
+(a script run saved per forced add on an over-limit key). The window is the server's
+(the offset of the last script reply's time); within ``NATIVE_MARGIN_US`` of a window's
+edge, or before any reply, the add goes in the script.
 
 Each adapter also counts what its operations cost Redis, by kind (``scripts`` run,
 ``lease_keys``, ``owe_keys``, ``native_new`` and ``native_present`` forced adds,
@@ -165,6 +169,8 @@ class Backend:
             d = store.hit(key, rule, want)
             return (want, d[2], end - now, 0, now)
         self.native_present += 1  # present: not charged, what it holds
+        if d[2] <= 0:  # full already: the units change nothing in this window (see above)
+            return (want, 0, end - now, end - now, now)
         left = d[2] - want
         return (0, max(0, left), end - now, end - now if left < 1 else 0, now)
 
@@ -464,7 +470,11 @@ class RedisBackend(Backend):
             self.native_present += 1  # present: not charged; what it holds
             text = reply.decode() if isinstance(reply, bytes) else str(reply)
             win, _, used = text.partition(" ")
-            left = n - int(used) - want if int(win) == (end - 1) // rule._algo.W else n - want
+            current = int(win) == (end - 1) // rule._algo.W
+            if current and int(used) >= n:  # full already: nothing left to charge for
+                out.append((i, (want, 0, reset, reset, now)))
+                continue
+            left = n - int(used) - want if current else n - want
             out.append((i, (0, max(0, left), reset, reset if left < 1 else 0, now)))
         return out
 

@@ -54,6 +54,11 @@ _LOCAL = frozenset({"fixed_window", "sliding_window_counter", "token_bucket", "g
 _SWEEP_ROUNDS = 16  # every 16 rounds, entries idle for as long are dropped
 # a key on the board is checked exactly (no allowance) for 2 windows after it frees
 _CONTENDED_WINDOWS = 2
+# a process none of whose checks found its key on the board since it last read it, and
+# that has read _BOARD_IDLE entries since one of its checks last did, reads the board
+# every 4th round only (it still posts every round)
+_BOARD_EVERY = 4
+_BOARD_IDLE = 256
 # the options of a hybrid+ URL's query, and their types
 _URL_OPTIONS: dict[str, type] = {
     "sync_interval": float, "hot_rate": float, "shards": int, "max_keys": int,
@@ -267,6 +272,9 @@ class HybridStore(Store):
         # (rule id, key) -> [window, units] the direct path admitted in that window
         self._direct_used: OrderedDict[tuple[str, str], list[int]] = OrderedDict()
         self._board_seq = -1  # the last board sequence number read
+        # checks that found their key on the board since it was last read; rounds since
+        self._board_hits, self._board_unread, self._board_reading = 0, 0, True
+        self._board_misses = 0  # entries read since a check last found its key on it
         self._cold_admitted = self._board_entries = 0
         self._listeners: list[Listener] = list(listeners)
         self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
@@ -417,8 +425,9 @@ class HybridStore(Store):
         """What this process may take of what the backend had left at its last reply:
         ``remaining / processes``, but at least its own demand until the next round (as
         much as is left), so that a key near its limit is not leased in ever smaller
-        parts (each a round trip); and all of it for a window in which no other process
-        has taken from the counter yet (the units taken are all this process's). Before
+        parts (each a round trip), for a limit of two units per process or more; and all
+        of it for a window in which this process took two units or more and no other
+        process has taken from the counter yet (the units taken are all its own). Before
         the first round has counted the processes: nothing beyond each check's cost.
         (A fixed window's remaining from a window that has ended is the whole limit.)"""
         rem = e.remaining
@@ -428,11 +437,14 @@ class HybridStore(Store):
         if self._peers >= 1 << 30 or rem <= 0:
             return 0
         if (rule.algorithm in _WINDOWS and e.expires and now < e.expires
-                and rule._algo.B - rem <= e.granted):
+                and e.granted >= 2 and rule._algo.B - rem <= e.granted):
             return rem
-        if rule.algorithm == "sliding_window_counter":
-            # (no floor: the busy processes would empty the window early, and the outage
-            # parts the others measure at their last reply of it would overstate theirs)
+        if rule.algorithm == "sliding_window_counter" or rule._algo.B < 2 * self._peers:
+            # (no floor for a limit under two units per process: a key spread thin, whose
+            # demand in one round says little of the next; a unit it took and does not
+            # spend is one another process is denied. Nor for the sliding window counter:
+            # the busy processes would empty the window early, and the outage parts the
+            # others measure at their last reply of it would overstate theirs)
             return rem // self._peers
         return max(rem // self._peers, min(rem, int(e.rate * interval_us)))
 
@@ -632,6 +644,8 @@ class HybridStore(Store):
             bid = self._b.board_id(key, rule)
             until = board.get(bid)
             if until is not None:
+                self._board_hits += 1
+                self._board_misses = 0
                 if now < until:
                     # exhausted on the backend: denied here until it frees, also when this
                     # process leases the key (its lease cannot cover the check: the backend
@@ -1239,7 +1253,7 @@ class HybridStore(Store):
             trips = self._b.round_trips
             board: BoardRead = None
             if requests and not (was_degraded and len(requests) == 0):
-                grants, board = self._b.sync_many(requests, self._since(), self.board_size)
+                grants, board = self._b.sync_many(requests, self._since(), self._board_cap())
             elif was_degraded:
                 grants = []
                 if not self._probe():
@@ -1248,6 +1262,21 @@ class HybridStore(Store):
                 return self._round(0, 0, 0, 0, start)
             return self._fold(entries, requests, grants, now, was_degraded, trips, start,
                               board)
+
+    def _board_cap(self) -> int:
+        """The board entries this round reads at most: ``board_size``, or 0 (posts only)
+        when none of this process's checks found its key on the board since its last
+        read, it has read ``_BOARD_IDLE`` entries since one did, and its last read is
+        less than ``_BOARD_EVERY`` rounds old (a process whose keys no other process
+        exhausts, as behind a sticky balancer, reads a fourth as much)."""
+        read = (self._board_hits > 0 or self._board_misses < _BOARD_IDLE
+                or self._board_unread >= _BOARD_EVERY - 1)
+        self._board_reading = read
+        if read:
+            self._board_hits = self._board_unread = 0
+            return self.board_size
+        self._board_unread += 1
+        return 0
 
     def _since(self) -> int | None:
         """The board's last sequence number read, when rounds read the board."""
@@ -1265,7 +1294,7 @@ class HybridStore(Store):
         board: BoardRead = None
         if requests:
             grants, board = await self._b.async_sync_many(requests, self._since(),
-                                                          self.board_size)
+                                                          self._board_cap())
         elif was_degraded:
             grants = []
             if not await self.backend.aping():
@@ -1339,6 +1368,8 @@ class HybridStore(Store):
     def _read_board(self, board: tuple[int, list[tuple[int, str]]], now: int) -> None:
         """The board's entries since the last round: keys exhausted on the backend."""
         seq, items = board
+        if not self._board_reading:  # a round that only posted: read from where it was
+            return
         self._board_seq = seq
         b = self._board
         for until, bid in items:
@@ -1346,6 +1377,7 @@ class HybridStore(Store):
                 b[bid] = until
                 b.move_to_end(bid)
         self._board_entries += len(items)
+        self._board_misses += len(items)
         while len(b) > self.max_keys:
             b.popitem(last=False)
 

@@ -426,8 +426,10 @@ class HybridStore(Store):
         ``remaining / processes``, but at least its own demand until the next round (as
         much as is left), so that a key near its limit is not leased in ever smaller
         parts (each a round trip), for a limit of two units per process or more; and all
-        of it for a window in which this process took two units or more and no other
-        process has taken from the counter yet (the units taken are all its own). Before
+        of it for a window in which this process took half the limit or more and no other
+        process has taken from the counter yet (the units taken are all its own: with
+        less, a key spread over the processes, seen early in a window by this one, would
+        be leased here a busy round's demand that others then lack). Before
         the first round has counted the processes: nothing beyond each check's cost.
         (A fixed window's remaining from a window that has ended is the whole limit.)"""
         rem = e.remaining
@@ -437,7 +439,7 @@ class HybridStore(Store):
         if self._peers >= 1 << 30 or rem <= 0:
             return 0
         if (rule.algorithm in _WINDOWS and e.expires and now < e.expires
-                and e.granted >= 2 and rule._algo.B - rem <= e.granted):
+                and 2 * e.granted >= rule._algo.B and rule._algo.B - rem <= e.granted):
             return rem
         if rule.algorithm == "sliding_window_counter" or rule._algo.B < 2 * self._peers:
             # (no floor for a limit under two units per process: a key spread thin, whose

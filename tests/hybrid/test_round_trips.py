@@ -155,3 +155,33 @@ def test_a_key_emptied_in_the_last_window_is_leased_at_the_first_round_of_the_ne
     before = trips(busy)
     assert all(busy.hit("api", rule).allowed for _ in range(20))
     assert trips(busy) == before
+
+
+def test_a_process_that_finds_none_of_its_keys_on_the_board_reads_it_less_often(
+        clock: FakeClock) -> None:
+    """Behind a sticky balancer the board lists keys other processes exhausted, which this
+    one never sees: once it has read 256 entries in vain it reads every 4th round (the
+    entries wait for it on the board), and at once again after a check finds its key."""
+    at_window_start(clock, 60.0)
+    _, (p, q) = fleet(clock, 2, allowance=1)
+    rule = Rule(1, 60, algorithm="fixed_window")
+    for i in range(300):  # q's own keys, each exhausted by its allowance's charge
+        assert q.hit(f"q{i}", rule).allowed
+    q.sync()  # 300 posts
+    p.sync()
+    assert p.stats()["board_entries"] == 300
+    read = []
+    for i in range(8):  # one more exhausted key of q's per round
+        assert q.hit(f"r{i}", rule).allowed
+        q.sync()
+        p.sync()
+        read.append(p.stats()["board_entries"])
+    # rounds 1-3 read nothing, the 4th the 4 entries posted meanwhile; and again
+    assert read == [300, 300, 300, 304, 304, 304, 304, 308]
+    assert not p.hit("r7", rule).allowed  # q's key, from the board: a hit
+    assert q.hit("s", rule).allowed
+    q.sync()
+    p.sync()
+    assert p.stats()["board_entries"] == 309  # read at the next round
+    # q reads less often too (none of its checks found its key on the board), but posts
+    # every round: p read every one of its entries

@@ -185,3 +185,31 @@ def test_a_process_that_finds_none_of_its_keys_on_the_board_reads_it_less_often(
     assert p.stats()["board_entries"] == 309  # read at the next round
     # q reads less often too (none of its checks found its key on the board), but posts
     # every round: p read every one of its entries
+
+
+def test_its_own_exhausted_keys_on_the_board_are_no_news_to_a_process(
+        clock: FakeClock) -> None:
+    """A key this process exhausted itself (its own last reply said so) is on the board
+    too: finding it there is no news, and the board is still read every 4th round."""
+    at_window_start(clock, 60.0)
+    _, (p, q) = fleet(clock, 2, allowance=1)
+    rule = Rule(1, 60, algorithm="fixed_window")
+    for i in range(300):
+        assert q.hit(f"q{i}", rule).allowed
+    q.sync()
+    p.sync()  # 300 entries read in vain
+    mine = Rule(3, 60, algorithm="fixed_window")
+    assert p.hit("mine", mine).allowed  # the allowance
+    p.sync()  # charged: 1 of 3 (p reads less often from now on)
+    assert p.hit("mine", mine).allowed
+    assert p.hit("mine", mine).allowed  # a lease takes the last unit: its reply says 0
+    p.sync()
+    p.sync()
+    p.sync()  # the 4th round: reads its own entry
+    assert not p.hit("mine", mine).allowed  # denied: the board and its own reply agree
+    read = p.stats()["board_entries"]
+    for i in range(3):
+        assert q.hit(f"r{i}", rule).allowed
+        q.sync()
+        p.sync()
+    assert p.stats()["board_entries"] == read  # still every 4th round

@@ -54,9 +54,10 @@ _LOCAL = frozenset({"fixed_window", "sliding_window_counter", "token_bucket", "g
 _SWEEP_ROUNDS = 16  # every 16 rounds, entries idle for as long are dropped
 # a key on the board is checked exactly (no allowance) for 2 windows after it frees
 _CONTENDED_WINDOWS = 2
-# a process none of whose checks found its key on the board since it last read it, and
-# that has read _BOARD_IDLE entries since one of its checks last did, reads the board
-# every 4th round only (it still posts every round)
+# a process none of whose checks found its key on the board since it last read it (a key
+# its own last reply had not said was exhausted), and that has read _BOARD_IDLE entries
+# since one of its checks last did, reads the board every 4th round only (it still posts
+# every round)
 _BOARD_EVERY = 4
 _BOARD_IDLE = 256
 # the options of a hybrid+ URL's query, and their types
@@ -441,7 +442,7 @@ class HybridStore(Store):
         if (rule.algorithm in _WINDOWS and e.expires and now < e.expires
                 and 2 * e.granted >= rule._algo.B and rule._algo.B - rem <= e.granted):
             return rem
-        if rule.algorithm == "sliding_window_counter" or rule._algo.B < 2 * self._peers:
+        if rule.algorithm == "sliding_window_counter" or 2 * self._peers > rule._algo.B:
             # (no floor for a limit under two units per process: a key spread thin, whose
             # demand in one round says little of the next; a unit it took and does not
             # spend is one another process is denied. Nor for the sliding window counter:
@@ -646,9 +647,11 @@ class HybridStore(Store):
             bid = self._b.board_id(key, rule)
             until = board.get(bid)
             if until is not None:
-                self._board_hits += 1
-                self._board_misses = 0
                 if now < until:
+                    if e is None or e.remaining > 0 or (e.expires and now >= e.expires):
+                        # news: not a key whose exhaustion its own last reply said
+                        self._board_hits += 1
+                        self._board_misses = 0
                     # exhausted on the backend: denied here until it frees, also when this
                     # process leases the key (its lease cannot cover the check: the backend
                     # would deny the lease it would ask for)

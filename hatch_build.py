@@ -11,7 +11,7 @@ natively). Wheels get the extension modules and a manifest of the sources' SHA-2
 Compilation is an optimisation, never a requirement: without a compiler (or with
 ``STORMGUARD_NO_COMPILE=1``) the build warns and ships pure Python.
 ``STORMGUARD_MYPYC_OPT_LEVEL`` (0-3, default 3) is the C compiler's optimisation level:
-the test that only checks what a built wheel holds builds it at 0 (about a quarter less
+the test that only checks what a built wheel holds builds it at 0 (about a fifth less
 CPU for the build); releases and installs keep 3.
 """
 

@@ -170,7 +170,7 @@ def test_server_time_agrees_across_skewed_clients(server: RedisServer) -> None:
 def test_wheel_holds_the_lua_scripts_and_the_compiled_hot_path(tmp_path: Path) -> None:
     pytest.importorskip("hatchling", reason="building the wheel needs hatchling")
     root = Path(__file__).resolve().parents[2]
-    # what the wheel holds does not depend on the C compiler's optimisation: -O0 (a quarter
+    # what the wheel holds does not depend on the C compiler's optimisation: -O0 (a fifth
     # less CPU for the whole build than the release's -O3; the suite's compiled run tests
     # the -O3 build of the install)
     env = {**os.environ, "STORMGUARD_MYPYC_OPT_LEVEL": "0"}

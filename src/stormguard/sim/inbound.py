@@ -161,12 +161,22 @@ class _SimEvent(threading.Event):
         self.waiter.complete(True)
 
 
-def acquire(shedder: Shedder, tier: int, key: str, eng: Engine, clock: SimClock
+def waking(eng: Engine, clock: SimClock) -> Callable[[], _SimEvent]:
+    """The ``event`` factory :func:`acquire` hands a shedder: a new Waiter of the engine
+    per request that must wait (made once per entry, not per request)."""
+    def event() -> _SimEvent:
+        return _SimEvent(Waiter(eng, clock))
+
+    return event
+
+
+def acquire(shedder: Shedder, tier: int, key: str, event: Callable[[], _SimEvent]
             ) -> Ticket | Shed:
     """``shedder.acquire_blocking(tier, key)`` in virtual time: the same decisions (the
     shedder's :meth:`~Shedder.enqueue` and :meth:`~Shedder.settle`), the wait of at most
-    ``queue_timeout`` on the engine instead of a thread's."""
-    got = shedder.enqueue(tier, key, lambda: _SimEvent(Waiter(eng, clock)))
+    ``queue_timeout`` on the engine instead of a thread's (``event``: from
+    :func:`waking`)."""
+    got = shedder.enqueue(tier, key, event)
     if isinstance(got, Ticket | Shed):
         return got
     assert isinstance(got.event, _SimEvent)
@@ -178,17 +188,17 @@ class Gate:
     """One instance's entry: its rate limiter and rules, its shedder (either may be None),
     and the rows counting what they refused."""
 
-    __slots__ = ("_clock", "_eng", "_inv_res", "_last", "_limited", "_shadow", "_shed",
-                 "limiter", "rules", "shedder")
+    __slots__ = ("_clock", "_event", "_inv_res", "_last", "_limited", "_shadow",
+                 "_shed", "limiter", "rules", "shedder")
 
     def __init__(self, eng: Engine, clock: SimClock, series: Series, service: str,
                  limiter: RateLimiter | None, rules: RuleSet | None,
                  shedder: Shedder | None) -> None:
-        self._eng = eng
         self._clock = clock
         self.limiter = limiter
         self.rules = rules
         self.shedder = shedder
+        self._event = waking(eng, clock)
         self._inv_res = 1.0 / series.resolution
         self._last = series.buckets - 1
         self._limited: dict[str, list[int]] = {}
@@ -227,7 +237,7 @@ class Gate:
     def admit(self, tier: int, key: str) -> Ticket:
         """A shedder slot, or :class:`Overloaded` (a 503) when the request is shed."""
         assert self.shedder is not None
-        got = acquire(self.shedder, tier, key, self._eng, self._clock)
+        got = acquire(self.shedder, tier, key, self._event)
         if isinstance(got, Ticket):
             return got
         self._shed[tier][self._bucket()] += 1

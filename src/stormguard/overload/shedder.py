@@ -362,7 +362,8 @@ class Shedder:
         ``event`` is called (under the shedder's lock) only when the request must wait:
         the object it returns is the place's ``event``, whose ``set()`` the shedder calls,
         under its lock, when a slot is handed to the request. The caller waits for that
-        at most :attr:`queue_timeout`, then hands the place to :meth:`settle`."""
+        at most the tier's queue timeout (``queue_timeouts[TIERS[tier]]``, as
+        :meth:`acquire_blocking` does), then hands the place to :meth:`settle`."""
         now = self._clock.monotonic()
         with self._lock:
             got = self._admit(tier, key, now, True)

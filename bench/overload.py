@@ -415,12 +415,16 @@ SERVER_KINDS = {"uvloop": [], "asyncio": ["--loop", "asyncio"],
                 "uvloop+h11": ["--http", "h11"]}
 
 
-def _perf_futex(path: Path, pid: int) -> tuple[int, float]:
+def _perf_futex(path: Path, pid: int) -> tuple[int, float] | None:
     """The futex calls and milliseconds in them of thread ``pid`` (the event loop: uvicorn
-    runs it in the main thread) in a ``perf trace -s`` summary."""
+    runs it in the main thread) in a ``perf trace -s`` summary; None: perf saw nothing of
+    it (not permitted, say)."""
+    text = path.read_text() if path.exists() else ""
     block = re.search(rf"\({pid}\), \d+ events.*?(?=\n \S.*\(\d+\), \d+ events|\Z)",
-                      path.read_text(), re.S)
-    row = re.search(r"^\s+futex\s+(\d+)\s+\d+\s+([\d.]+)", block[0], re.M) if block else None
+                      text, re.S)
+    if block is None:
+        return None
+    row = re.search(r"^\s+futex\s+(\d+)\s+\d+\s+([\d.]+)", block[0], re.M)
     return (int(row[1]), float(row[2])) if row else (0, 0.0)
 
 
@@ -450,9 +454,12 @@ def gil_waits(kinds: list[str], switches: list[str], busy: int, rate: float, sec
                 asyncio.run(offer(server.port, rate, seconds, 2.0, random.Random(2), point))
                 perf.send_signal(signal.SIGINT)
                 perf.wait()
-                calls, ms = _perf_futex(out, server.proc.pid)
+                seen = _perf_futex(out, server.proc.pid)
             finally:
                 server.stop()
+            if seen is None:
+                return ["    (perf trace saw nothing of the server: skipped)"]
+            calls, ms = seen
             xs = [c[4] - c[3] for c in point.client.values() if c[5] in (503, 5030)]
             n = max(1, len(xs))
             got[(kind, switch)].append((ms / n, calls / n, pct(xs, .5) * 1e3))

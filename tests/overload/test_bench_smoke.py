@@ -46,3 +46,16 @@ def test_overload_bench_measures_the_loops_gil_wait(monkeypatch: pytest.MonkeyPa
     if not skipped:
         row = next(line for line in out.splitlines() if line.strip().startswith("uvloop"))
         assert float(row.split("|")[1].split()[0]) > 0  # the loop thread did wait for it
+
+
+def test_switch_interval_bench_runs(monkeypatch: pytest.MonkeyPatch,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    before = sys.getswitchinterval()
+    monkeypatch.setattr(sys, "argv", ["switch_interval.py", "--pairs", "2", "--units", "200",
+                                      "--threads", "2"])
+    try:
+        runpy.run_path(str(ROOT / "bench" / "switch_interval.py"), run_name="__main__")
+    finally:
+        sys.setswitchinterval(before)
+    out = capsys.readouterr().out
+    assert "2 thread(s), 0.1 ms against 5 ms: CPU ratio median" in out

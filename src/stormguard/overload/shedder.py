@@ -259,6 +259,7 @@ class Shedder:
         queues = self._queues
         limit = self.limit.limit
         share = self._share
+        here = asyncio.events._get_running_loop()  # None outside a running loop
         for tier in (CRITICAL, DEGRADED, SHEDDABLE):
             q = queues[tier]
             cap = max(1, math.floor(limit * share[tier]))
@@ -270,6 +271,9 @@ class Shedder:
                 if w.event is not None:
                     w.event.set()
                 elif w.loop is not None and w.future is not None:
+                    if w.loop is here:  # freed on the waiter's own loop: it resumes in
+                        _resolve(w.future)  # this round, no wake-up, no extra round
+                        continue
                     try:
                         w.loop.call_soon_threadsafe(_resolve, w.future)
                     except RuntimeError:  # its loop is closed: nobody will take the slot

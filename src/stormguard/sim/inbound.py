@@ -42,7 +42,7 @@ from stormguard._core.errors import ConfigError, Shed
 from stormguard.integrations.shedding import Priorities
 from stormguard.observability.events import Event
 from stormguard.overload.limit import AdaptiveLimit
-from stormguard.overload.shedder import Shedder, Ticket
+from stormguard.overload.shedder import TIERS, Shedder, Ticket
 from stormguard.queue.core import DeferredQueue
 from stormguard.queue.events import JobDeferred
 from stormguard.queue.fallback import DeferFallback
@@ -174,13 +174,13 @@ def acquire(shedder: Shedder, tier: int, key: str, event: Callable[[], _SimEvent
             ) -> Ticket | Shed:
     """``shedder.acquire_blocking(tier, key)`` in virtual time: the same decisions (the
     shedder's :meth:`~Shedder.enqueue` and :meth:`~Shedder.settle`), the wait of at most
-    ``queue_timeout`` on the engine instead of a thread's (``event``: from
+    ``queue_timeout`` of its tier on the engine instead of a thread's (``event``: from
     :func:`waking`)."""
     got = shedder.enqueue(tier, key, event)
     if isinstance(got, Ticket | Shed):
         return got
     assert isinstance(got.event, _SimEvent)
-    got.event.waiter.wait(shedder.queue_timeout)
+    got.event.waiter.wait(shedder.queue_timeouts[TIERS[tier]])
     return shedder.settle(got)
 
 

@@ -161,7 +161,8 @@ def test_a_process_that_finds_none_of_its_keys_on_the_board_reads_it_less_often(
         clock: FakeClock) -> None:
     """Behind a sticky balancer the board lists keys other processes exhausted, which this
     one never sees: once it has read 256 entries in vain it reads every 4th round (the
-    entries wait for it on the board), and at once again after a check finds its key."""
+    entries of the rounds between are skipped), and every round again once a check
+    finds news there."""
     at_window_start(clock, 60.0)
     _, (p, q) = fleet(clock, 2, allowance=1)
     rule = Rule(1, 60, algorithm="fixed_window")
@@ -176,15 +177,39 @@ def test_a_process_that_finds_none_of_its_keys_on_the_board_reads_it_less_often(
         q.sync()
         p.sync()
         read.append(p.stats()["board_entries"])
-    # rounds 1-3 read nothing, the 4th the 4 entries posted meanwhile; and again
-    assert read == [300, 300, 300, 304, 304, 304, 304, 308]
-    assert not p.hit("r7", rule).allowed  # q's key, from the board: a hit
+    # rounds 1-3 read nothing (their entries are skipped), the 4th its round's entry
+    assert read == [300, 300, 300, 301, 301, 301, 301, 302]
+    assert not p.hit("r7", rule).allowed  # q's key, from the board: news
     assert q.hit("s", rule).allowed
     q.sync()
     p.sync()
-    assert p.stats()["board_entries"] == 309  # read at the next round
+    assert p.stats()["board_entries"] == 303  # read at the next round
     # q reads less often too (none of its checks found its key on the board), but posts
-    # every round: p read every one of its entries
+    # every round: p read the entries of its reading rounds
+
+
+def test_an_allowance_charge_that_finds_its_key_exhausted_is_news(clock: FakeClock) -> None:
+    """A process reading the board every 4th round that admits a key on its allowance and
+    hears from the charge's reply that the key was exhausted (an entry it skipped) reads
+    the board every round again."""
+    at_window_start(clock, 60.0)
+    _, (p, q) = fleet(clock, 2, allowance=1)
+    rule = Rule(1, 60, algorithm="fixed_window")
+    for i in range(300):
+        assert q.hit(f"q{i}", rule).allowed
+    q.sync()
+    p.sync()  # 300 entries read in vain: every 4th round from now on
+    assert q.hit("spread", rule).allowed
+    q.sync()  # exhausted: posted
+    p.sync()  # skipped
+    assert p.hit("spread", rule).allowed  # on its allowance: it did not read the entry
+    p.sync()  # the charge's reply: exhausted
+    read = p.stats()["board_entries"]
+    assert q.hit("t", rule).allowed
+    q.sync()
+    p.sync()
+    assert p.stats()["board_entries"] == read + 1  # read at once
+    assert not p.hit("t", rule).allowed  # denied from the board, no allowance
 
 
 def test_its_own_exhausted_keys_on_the_board_are_no_news_to_a_process(

@@ -1335,7 +1335,11 @@ class HybridStore(Store):
                     self._peers = max(1, self._peer_count, self._peers_last)
                     continue
                 if req[3] < 0:  # a charge of the cold allowance: where the key stands
+                    knew = e.remaining <= 0 and e.expires != 0 and now < e.expires
                     self._credit(e, (0, g[1], g[2], 0, g[4]), now)
+                    if g[3] > 0 and not knew:  # exhausted, news to it: read the board
+                        self._board_hits += 1
+                        self._board_misses = 0
                     if g[0] == 0:  # a native add found the key present: not charged yet,
                         e.owed += req[2]  # the script charges it in the next round
                         e.oscript = True
@@ -1373,9 +1377,11 @@ class HybridStore(Store):
     def _read_board(self, board: tuple[int, list[tuple[int, str]]], now: int) -> None:
         """The board's entries since the last round: keys exhausted on the backend."""
         seq, items = board
-        if not self._board_reading:  # a round that only posted: read from where it was
-            return
         self._board_seq = seq
+        if not self._board_reading:
+            # a round that only posted: the entries posted since the last read are skipped
+            # (none of this process's checks found news on the board for a while)
+            return
         b = self._board
         for until, bid in items:
             if until > now:

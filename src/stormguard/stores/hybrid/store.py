@@ -599,6 +599,18 @@ class HybridStore(Store):
             e.lease += granted
             e.granted += granted
             e.denied_until = 0
+        if remaining <= 0 and rule.algorithm == "fixed_window" and self._allow \
+                and self._b.has_board:
+            # its own reply says the window is exhausted: noted as the board's entry would
+            # be (the key is contended here for two windows after it frees), also when
+            # this process skips the board's entries, as behind a sticky balancer
+            bid = self._b.board_id(e.key, rule)
+            b = self._board
+            if b.get(bid, 0) < e.reset_at:
+                b[bid] = e.reset_at
+                b.move_to_end(bid)
+                if len(b) > self.max_keys:
+                    b.popitem(last=False)
 
     def _hold(self, rule: Rule, now: int, retry_us: int) -> int:
         """How long this process keeps a denial: ``max(retry_after, deny_hold)``, but for

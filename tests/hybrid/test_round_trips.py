@@ -238,3 +238,31 @@ def test_its_own_exhausted_keys_on_the_board_are_no_news_to_a_process(
         q.sync()
         p.sync()
     assert p.stats()["board_entries"] == read  # still every 4th round
+
+
+def test_a_key_it_exhausted_itself_is_exact_in_the_next_windows_without_the_board(
+        clock: FakeClock) -> None:
+    """A process that skips the board's entries (behind a sticky balancer) and exhausts its
+    own key: its own reply marks the key as the board would, so the next windows admit
+    exactly the limit (no allowance), not the limit plus its allowance each window."""
+    at_window_start(clock, 60.0)
+    _, (p, q) = fleet(clock, 2, allowance=1)
+    rule = Rule(1, 60, algorithm="fixed_window")
+    for i in range(300):
+        assert q.hit(f"q{i}", rule).allowed
+    q.sync()
+    p.sync()  # 300 entries read in vain: p skips the board from now on
+    own = Rule(3, 1, algorithm="fixed_window")
+    per_window = []
+    for _ in range(4):
+        at_window_start(clock)
+        admitted = 0
+        for _ in range(4):  # a burst at the start of the window: exhausted
+            admitted += p.hit("own", own).allowed
+            clock.advance(0.001)
+        for _ in range(9):  # then idle rounds (it reads every 4th: never its own post)
+            clock.advance(0.1)
+            p.sync()
+        per_window.append(admitted)
+    assert per_window[0] <= 3 + 1  # the limit and its allowance, once
+    assert per_window[1:] == [3, 3, 3]

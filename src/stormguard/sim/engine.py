@@ -21,6 +21,10 @@ scheduled (FIFO), including events scheduled at the current time by a running ev
 A time in the past is run at the current time (the clock never goes back). Each
 event costs one ``heapq`` push and pop: O(log n) in the number pending. Nothing here
 reads the wall clock.
+
+A clock that only the engine moves (``clock._engine_owned``, the simulator's
+``SimClock``) and whose monotonic time is its elapsed time (``monotonic_start=0``) is
+moved by one attribute write per event instead of a call.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ class Handle:
         """Cancel the event (or the rest of the series); cancelling twice is harmless."""
         if not self.cancelled:
             self.cancelled = True
-            self._engine._live -= 1
+            self._engine._dead += 1  # still in the heap: skipped when popped
 
     def __repr__(self) -> str:
         state = "cancelled" if self.cancelled else f"at {self.when!r}"
@@ -82,14 +86,14 @@ class Engine:
             raise TypeError(f"clock: must be a stormguard.testing.FakeClock "
                             f"(got {type(clock).__name__})")
         self.clock = clock
-        # (time, sequence, handle, None) for the public calls; (time, sequence, None,
-        # (fn, args)) for the simulator's own events that are never cancelled (no handle
-        # to allocate). The sequence number is unique: tuples never compare past it.
-        self._heap: list[tuple[float, int, Handle | None, Any]] = []
-        self._seq = 0
-        self._live = 0  # events in the heap that are not cancelled
-        self.events_run = 0
-        """How many events have run (a series counts once per run)."""
+        # (time, sequence, handle, None) for the public calls; (time, sequence, fn, args)
+        # for the simulator's own events that are never cancelled (no handle to allocate).
+        # The sequence number is unique: tuples never compare past it. Every push takes a
+        # new sequence number, so the counts below need no update per event:
+        self._heap: list[tuple[float, int, Any, tuple[Any, ...] | None]] = []
+        self._seq = 0  # entries ever pushed
+        self._dead = 0  # cancelled handles still in the heap
+        self._gone = 0  # entries removed without running (cancelled, or cleared)
 
     @property
     def now(self) -> float:
@@ -99,7 +103,18 @@ class Engine:
     @property
     def pending(self) -> int:
         """How many events are scheduled and not cancelled (a series counts as one)."""
-        return self._live
+        return len(self._heap) - self._dead
+
+    @property
+    def events_run(self) -> int:
+        """How many events have run (a series counts once per run)."""
+        return self._seq - len(self._heap) - self._gone
+
+    def _clear(self) -> None:
+        """Drop every scheduled event (the run is over): none of them will run."""
+        self._gone += len(self._heap)
+        self._heap.clear()
+        self._dead = 0
 
     def _push(self, handle: Handle) -> None:
         self._seq += 1
@@ -110,7 +125,6 @@ class Engine:
         when = validate.number("when", when, minimum=None)
         now = self.clock.monotonic()
         handle = Handle(self, when if when > now else now, fn, args)
-        self._live += 1
         self._push(handle)
         return handle
 
@@ -118,7 +132,6 @@ class Engine:
         """Run ``fn(*args)`` ``delay`` virtual seconds from now (``delay >= 0``)."""
         delay = validate.number("delay", delay, allow_zero=True)
         handle = Handle(self, self.clock.monotonic() + delay, fn, args)
-        self._live += 1
         self._push(handle)
         return handle
 
@@ -126,23 +139,19 @@ class Engine:
         """:meth:`call_later` without the argument checks, for the simulator's own hot
         path (``delay`` already a float >= 0)."""
         handle = Handle(self, self.clock.monotonic() + delay, fn, args)
-        self._live += 1
         self._seq += 1
         heapq.heappush(self._heap, (handle.when, self._seq, handle, None))
         return handle
 
     def _fire_later(self, delay: float, fn: Callable[..., object], *args: Any) -> None:
         """Run ``fn(*args)`` ``delay`` (a float >= 0) from now; no handle, no cancel."""
-        self._live += 1
         self._seq += 1
-        heapq.heappush(self._heap, (self.clock.monotonic() + delay, self._seq, None,
-                                    (fn, args)))
+        heapq.heappush(self._heap, (self.clock.monotonic() + delay, self._seq, fn, args))
 
     def _fire_now(self, fn: Callable[..., object], *args: Any) -> None:
         """Run ``fn(*args)`` now, after the events already due now; no handle."""
-        self._live += 1
         self._seq += 1
-        heapq.heappush(self._heap, (self.clock.monotonic(), self._seq, None, (fn, args)))
+        heapq.heappush(self._heap, (self.clock.monotonic(), self._seq, fn, args))
 
     def every(self, interval: float, fn: Callable[..., object], *args: Any,
               start: float | None = None) -> Handle:
@@ -159,7 +168,6 @@ class Engine:
             first = validate.number("start", start, minimum=None)
             first = max(first, now)
         handle = Handle(self, first, fn, args, interval)
-        self._live += 1
         self._push(handle)
         return handle
 
@@ -174,40 +182,43 @@ class Engine:
             until = validate.number("until", until, minimum=None)
         limit = math.inf if until is None else until
         heap = self._heap
-        pop = heapq.heappop
+        pop, push = heapq.heappop, heapq.heappush
         clock = self.clock
         monotonic, advance_to = clock.monotonic, clock._advance_to
+        # a clock only this loop moves, monotonic() == _elapsed: moved by one write
+        direct = getattr(clock, "_engine_owned", False) and clock._mono0 == 0.0
         while heap:
-            entry = heap[0]
+            entry = pop(heap)
             when = entry[0]
             if when > limit:
+                push(heap, entry)  # the same (time, sequence): its place is unchanged
                 break
-            pop(heap)
-            handle = entry[2]
-            if handle is None:  # the simulator's own event: nothing to cancel or repeat
-                if when > monotonic():
+            args = entry[3]
+            if args is not None:  # the simulator's own event: nothing to cancel or repeat
+                if direct:
+                    if when > clock._elapsed:  # noqa: PLR1730 -- max() is a call per event
+                        clock._elapsed = when
+                elif when > monotonic():
                     advance_to(when)
-                self._live -= 1
-                self.events_run += 1
-                fn, args = entry[3]
-                fn(*args)
+                entry[2](*args)
                 continue
+            handle: Handle = entry[2]
             if handle.cancelled:
+                self._dead -= 1
+                self._gone += 1
                 continue
             if when > monotonic():
                 advance_to(when)  # exactly `when`: no float drift from advance()
             interval = handle._interval
             if interval is None:
                 handle.cancelled = True  # it has run: cancel() is now a no-op
-                self._live -= 1
             else:
                 handle._n += 1
                 handle.when = handle._start + handle._n * interval
                 self._push(handle)
-            self.events_run += 1
             handle._fn(*handle._args)
         if until is not None and until > clock.monotonic():
             clock._advance_to(until)
 
     def __repr__(self) -> str:
-        return f"<Engine now={self.now!r} pending={self._live}>"
+        return f"<Engine now={self.now!r} pending={self.pending}>"

@@ -156,10 +156,10 @@ class Dependency:
         """One call from a simulated task: waits its answer or the deadline in force."""
         clock = self._clock
         now = clock.monotonic()
-        b = int(now * self._inv_res)
-        b = min(b, self._last)
+        inv_res, last = self._inv_res, self._last
+        b = int(now * inv_res)
         calls, ok, err, abandoned = self._rows
-        calls[b] += 1
+        calls[b if b < last else last] += 1
         i = 0 if self._single else bisect.bisect_right(self._at, now) - 1
         capacity = self._capacity[i]
         start = now
@@ -173,12 +173,12 @@ class Dependency:
         d = _current.get()
         if d is not None and d.at < answer_at:
             clock.sleep(d.at - now if d.at > now else 0.0)
-            b = min(int(clock.monotonic() * self._inv_res), self._last)
-            abandoned[b] += 1
+            b = int(clock.monotonic() * inv_res)
+            abandoned[b if b < last else last] += 1
             raise TimeoutError(f"{self.name}: no answer before the deadline")
         clock.sleep(answer_at - now)
-        b = int(clock.monotonic() * self._inv_res)
-        b = min(b, self._last)
+        b = int(clock.monotonic() * inv_res)
+        b = b if b < last else last
         if failed:
             err[b] += 1
             raise DependencyDown(f"{self.name}: 503")
@@ -729,7 +729,7 @@ def _start_traffic(  # noqa: PLR0915 -- the closures of one traffic source, toge
             outcome = "error"
         # counted in the bucket of its arrival: rates of the requests that arrived then
         i = int(started * inv_res)
-        i = min(i, last)
+        i = i if i < last else last
         rows[outcome][i] += 1
         latency[i] += int((clock.monotonic() - started) * 1e6)
 

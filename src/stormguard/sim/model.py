@@ -127,8 +127,8 @@ def mean_of(spec: dict[str, Any]) -> float:
 class Dependency:
     """A provider with time-varying latency, error rate and capacity (calls/s, FIFO)."""
 
-    __slots__ = ("_at", "_capacity", "_clock", "_errors", "_inv_res", "_last", "_latency",
-                 "_next_free", "_rng", "_rows", "_single", "name")
+    __slots__ = ("_at", "_capacity", "_clock", "_errors", "_fixed", "_inv_res", "_last",
+                 "_latency", "_next_free", "_rng", "_rows", "_single", "name")
 
     def __init__(self, name: str, spec: dict[str, Any], clock: SimClock, rng: random.Random,
                  series: Series) -> None:
@@ -143,6 +143,9 @@ class Dependency:
         self._at = [t for t, _ in phases]
         self._single = len(phases) == 1
         self._latency = [sampler(p["latency"], rng) for _, p in phases]
+        # a constant latency, read without calling its sampler (which draws nothing)
+        self._fixed = [float(p["latency"]["value"]) if p["latency"]["dist"] == "constant"
+                       else None for _, p in phases]
         self._errors = [float(p.get("error_rate", 0.0)) for _, p in phases]
         self._capacity = [p.get("capacity") for _, p in phases]
         self._next_free = 0.0
@@ -152,10 +155,13 @@ class Dependency:
         self._inv_res = 1.0 / series.resolution
         self._last = series.buckets - 1
 
-    def call(self) -> str:
-        """One call from a simulated task: waits its answer or the deadline in force."""
+    def call(self, _fn: object = None, _args: object = None, _kwargs: object = None) -> str:
+        """One call from a simulated task: waits its answer or the deadline in force.
+
+        (The arguments are ignored: so the method is also the innermost layer of a
+        policy chain, ``(fn, args, kwargs)``, without a wrapper's call.)"""
         clock = self._clock
-        now = clock.monotonic()
+        now = clock._mono0 + clock._elapsed  # clock.monotonic(), inlined (once per call)
         inv_res, last = self._inv_res, self._last
         b = int(now * inv_res)
         calls, ok, err, abandoned = self._rows
@@ -167,7 +173,8 @@ class Dependency:
             # one turn every 1/capacity s: a queue that lengthens when arrivals exceed it
             start = self._next_free if self._next_free > now else now
             self._next_free = start + 1.0 / float(capacity)
-        answer_at = start + self._latency[i]()
+        fixed = self._fixed[i]
+        answer_at = start + (self._latency[i]() if fixed is None else fixed)
         rate = self._errors[i]
         failed = rate > 0.0 and self._rng.random() < rate
         d = _current.get()
@@ -177,7 +184,7 @@ class Dependency:
             abandoned[b if b < last else last] += 1
             raise TimeoutError(f"{self.name}: no answer before the deadline")
         clock.sleep(answer_at - now)
-        b = int(clock.monotonic() * inv_res)
+        b = int((clock._mono0 + clock._elapsed) * inv_res)
         b = b if b < last else last
         if failed:
             err[b] += 1
@@ -564,7 +571,7 @@ def run(scenario: Scenario, *, resolution: float = 1.0) -> Result:
                     where = f"services.{sname}.endpoints.{ename}.steps[{k}].policies"
                     policies = build_policies(step.get("policies", []), ctx, where,
                                               dependency=step["call"])
-                    wrapped = _wrap(policies, dep.call)
+                    wrapped = _wrap(policies, dep.call, dep.call)
                     if inbound is not None and queues:
                         wrapped = inbound.deferring(wrapped, policies)
                     steps.append(wrapped)
@@ -611,13 +618,16 @@ def _all_full(svc: Service) -> float | None:
     return max(t for t in times if t is not None)
 
 
-def _wrap(policies: list[Policy], fn: Callable[[], Any]) -> Callable[[], Any]:
+def _wrap(policies: list[Policy], fn: Callable[[], Any],
+          layer: Callable[[Any, Any, Any], Any] | None = None) -> Callable[[], Any]:
     """``fn`` under ``policies``: the chain ``Pipeline(*policies).call(fn)`` runs (the
     same ``resilience.pipeline.blocking.chain`` of the policies' ``_sync`` flows), built
-    once with ``fn`` innermost, without ``Pipeline.call``'s argument packing per call."""
+    once with ``fn`` innermost, without ``Pipeline.call``'s argument packing per call.
+    ``layer``: ``fn`` itself as the innermost layer (it takes and ignores ``(fn, args,
+    kwargs)``: one call fewer than a wrapper)."""
     if not policies:
         return fn
-    chained = chain(policies, lambda _fn, _args, _kwargs: fn())
+    chained = chain(policies, (lambda _fn, _args, _kwargs: fn()) if layer is None else layer)
     return partial(chained, fn, (), {})
 
 
@@ -659,8 +669,12 @@ def _start_traffic(  # noqa: PLR0915 -- the closures of one traffic source, toge
             attrs = _ATTRS.get() if keys is not None else static
             return handle_gated(svc.pick(), endpoint, attrs, tier_index, shed_key)
 
+    instances = svc.instances
+
     def server() -> str:
-        return _handle(svc.pick(), endpoint, clock)
+        k = svc._next  # Service.pick(), inlined: round robin
+        svc._next = (k + 1) % len(instances)
+        return _handle(instances[k], endpoint, clock)
 
     # client layers, outermost first: each a pipeline around a remote call to the next hop
     def remote(inner: Callable[[], str], honour: bool) -> Callable[[], str]:
@@ -718,7 +732,7 @@ def _start_traffic(  # noqa: PLR0915 -- the closures of one traffic source, toge
     inv_res, last = 1.0 / series.resolution, series.buckets - 1
 
     def request() -> None:
-        started = clock.monotonic()
+        started = clock._mono0 + clock._elapsed  # clock.monotonic(), inlined
         try:
             outcome = entry()
         except Limited:
@@ -731,7 +745,7 @@ def _start_traffic(  # noqa: PLR0915 -- the closures of one traffic source, toge
         i = int(started * inv_res)
         i = i if i < last else last
         rows[outcome][i] += 1
-        latency[i] += int((clock.monotonic() - started) * 1e6)
+        latency[i] += int((clock._mono0 + clock._elapsed - started) * 1e6)
 
     rate = _Rate(spec["arrival"]["rate"])
     poisson = spec["arrival"]["process"] == "poisson"

@@ -217,7 +217,8 @@ class Gauge:
         self._li = int(now / res)
 
     def add(self, delta: int) -> None:
-        now = self._clock.monotonic()
+        clock = self._clock
+        now = clock._mono0 + clock._elapsed  # clock.monotonic(), inlined (twice a request)
         li = self._li
         i = int(now / self._res)
         if i == li:  # the common case: the same bucket as the last change

@@ -127,7 +127,7 @@ def mean_of(spec: dict[str, Any]) -> float:
 class Dependency:
     """A provider with time-varying latency, error rate and capacity (calls/s, FIFO)."""
 
-    __slots__ = ("_at", "_capacity", "_clock", "_errors", "_fixed", "_inv_res", "_last",
+    __slots__ = ("_at", "_capacity", "_clock", "_errors", "_fixed", "_inv_res", "_lane", "_last",
                  "_latency", "_next_free", "_rng", "_rows", "_single", "name")
 
     def __init__(self, name: str, spec: dict[str, Any], clock: SimClock, rng: random.Random,
@@ -154,6 +154,9 @@ class Dependency:
             f"calls:{name}", f"dep:{name}:ok", f"dep:{name}:error", f"dep:{name}:timeout"))
         self._inv_res = 1.0 / series.resolution
         self._last = series.buckets - 1
+        # the answers' wake-ups, in time order as long as the latency is constant
+        assert clock.engine is not None
+        self._lane = clock.engine._lane()
 
     def call(self, _fn: object = None, _args: object = None, _kwargs: object = None) -> str:
         """One call from a simulated task: waits its answer or the deadline in force.
@@ -183,7 +186,7 @@ class Dependency:
             b = int(clock.monotonic() * inv_res)
             abandoned[b if b < last else last] += 1
             raise TimeoutError(f"{self.name}: no answer before the deadline")
-        clock.sleep(answer_at - now)
+        clock._sleep_in(self._lane, answer_at - now)
         b = int((clock._mono0 + clock._elapsed) * inv_res)
         b = b if b < last else last
         if failed:
@@ -544,6 +547,7 @@ def run(scenario: Scenario, *, resolution: float = 1.0) -> Result:
     defer_listeners = () if inbound is None else inbound.defer_counter(queues, series)
     services: dict[str, Service] = {}
     gates: dict[str, list[Gate]] = {}
+    work_lanes: dict[float, Any] = {}
     for sname, sspec in scenario.services.items():
         gauge, qgauge = Gauge(clock, buckets, resolution), Gauge(clock, buckets, resolution)
         svc = Service(sname, sspec["threads"], gauge, qgauge)
@@ -565,7 +569,7 @@ def run(scenario: Scenario, *, resolution: float = 1.0) -> Result:
                 steps: list[_Step] = []
                 for k, step in enumerate(espec["steps"]):
                     if "work" in step:
-                        steps.append(partial(clock.sleep, float(step["work"])))
+                        steps.append(_work(eng, clock, work_lanes, float(step["work"])))
                         continue
                     dep = deps[step["call"]]
                     where = f"services.{sname}.endpoints.{ename}.steps[{k}].policies"
@@ -600,6 +604,15 @@ def run(scenario: Scenario, *, resolution: float = 1.0) -> Result:
                  for n, s in services.items()},
         first_full_at={n: _all_full(s) for n, s in services.items()},
         transitions=transitions, events=eng.events_run)
+
+
+def _work(eng: Engine, clock: SimClock, lanes: dict[float, Any], seconds: float) -> _Step:
+    """A ``work`` step: the thread busy ``seconds`` (one FIFO lane of the engine per length
+    of work: their wake-ups come in time order)."""
+    lane = lanes.get(seconds)
+    if lane is None:
+        lane = lanes[seconds] = eng._lane()
+    return partial(clock._sleep_in, lane, seconds)
 
 
 def _drained_at(depth: list[int], resolution: float, deferred: int) -> float | None:

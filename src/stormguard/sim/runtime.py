@@ -83,7 +83,31 @@ class SimClock(FakeClock):
         # Engine._fire_later, inlined: this is the simulator's most frequent call
         eng._seq += 1
         heappush(eng._heap, (self._mono0 + self._elapsed + (seconds if seconds > 0.0 else 0.0),
-                             eng._seq, me.switch, ()))
+                             eng._seq, me.switch, (), None))
+        main.switch()
+
+    def _sleep_in(self, lane: deque[Any], seconds: float) -> None:
+        """:meth:`sleep`, the wake-up scheduled through the engine's FIFO ``lane``
+        (``Engine._lane``): for waits of the same length again and again (a work step, a
+        dependency's latency), which then never enter the engine's heap behind the lane's
+        first. The same wake-up time and order as :meth:`sleep`."""
+        main = self.main
+        me = getcurrent()
+        eng = self.engine
+        if main is None or me is main or eng is None:
+            raise RuntimeError("SimClock.sleep: only a simulated task may sleep "
+                               "(time moves from event to event)")
+        when = self._mono0 + self._elapsed + (seconds if seconds > 0.0 else 0.0)
+        # Engine._fire_in, inlined
+        eng._seq += 1
+        if not lane:
+            entry = (when, eng._seq, me.switch, (), lane)
+            lane.append(entry)
+            heappush(eng._heap, entry)
+        elif lane[-1][0] <= when:
+            lane.append((when, eng._seq, me.switch, (), lane))
+        else:  # out of order for the lane: on the heap alone
+            heappush(eng._heap, (when, eng._seq, me.switch, (), None))
         main.switch()
 
 

@@ -22,6 +22,11 @@ A time in the past is run at the current time (the clock never goes back). Each
 event costs one ``heapq`` push and pop: O(log n) in the number pending. Nothing here
 reads the wall clock.
 
+The simulator's waits of one length again and again (a work step's, a dependency's
+constant latency) go through FIFO lanes (``Engine._lane``, ``SimClock._sleep_in``):
+only the first entry of each lane is in the heap, which then holds a few entries
+instead of one per waiting request; the run order is exactly the heap's alone.
+
 A clock that only the engine moves (``clock._engine_owned``, the simulator's
 ``SimClock``) and whose monotonic time is its elapsed time (``monotonic_start=0``) is
 moved by one attribute write per event instead of a call.

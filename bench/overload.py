@@ -12,9 +12,12 @@ gives up after --timeout seconds (an answer later than that is not goodput). The
 sheddable (GET /recommendations 30 %, GET /analytics 20 %). Capacity is measured first in
 the same run (closed loop, 4 connections, no protection): requests/s at that mix.
 
-The server runs with ``sys.setswitchinterval(0.001)`` (SHOP_SWITCH_INTERVAL; CPython's
-default is 5 ms): the event loop, which answers every 503, gets the GIL back from the
-CPU-bound worker threads sooner. Each (configuration, load) point gets a fresh server:
+The server runs with ``sys.setswitchinterval(0.0001)`` (--switch, SHOP_SWITCH_INTERVAL;
+CPython's default is 5 ms) under uvicorn's default loop and parser (uvloop, httptools;
+--server-args for others): the event loop, which answers every 503, gets the GIL back
+from the CPU-bound worker threads sooner. --gil-waits measures the loop's GIL wait per
+503 per loop, parser and switch interval (perf trace); --switch-cost what the switch
+interval costs the handlers' throughput. Each (configuration, load) point gets a fresh server:
 --warmup seconds at that load (not counted; the adaptive limit learns), then --duration
 counted seconds. Targets (with shedding): critical success >= 99.5 % at 2x and >= 99 %
 at 4x, critical p99 <= 3x its unloaded p99, shed requests answered within 5 ms p99,
@@ -29,9 +32,13 @@ import json
 import math
 import os
 import random
+import re
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +51,9 @@ TIERS = ("critical", "degraded", "sheddable")
 CONFIGS = {"none": "no protection", "fixed": "fixed limit (8)",
            "adaptive": "LoadShedding + AdaptiveLimit"}
 MAX_CONNECTIONS = 2000
+#: extra uvicorn arguments for every server of the run (--server-args), e.g. the event loop
+#: and the HTTP parser: ["--loop", "asyncio", "--http", "h11"]
+SERVER_ARGS: list[str] = []
 
 
 def free_port() -> int:
@@ -55,7 +65,7 @@ def free_port() -> int:
 class Server:
     """uvicorn running the shop in its own process (1 worker), stopped by PID."""
 
-    def __init__(self, protection: str, switch: str = "0.001", **extra: str) -> None:
+    def __init__(self, protection: str, switch: str = "0.0001", **extra: str) -> None:
         self.port = free_port()
         env = dict(os.environ, SHOP_PROTECTION=protection, SHOP_SWITCH_INTERVAL=switch,
                    SHOP_TRACE="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
@@ -63,7 +73,7 @@ class Server:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "examples.shop_app:app", "--host", "127.0.0.1",
              "--port", str(self.port), "--workers", "1", "--no-access-log",
-             "--log-level", "warning", "--no-proxy-headers"],
+             "--log-level", "warning", "--no-proxy-headers", *SERVER_ARGS],
             cwd=ROOT, env=env)
         deadline = time.monotonic() + 30
         while True:  # real time: waiting for another process to listen
@@ -373,6 +383,100 @@ def gil_handoffs(switches: list[str], burners: list[int], rate: float, seconds: 
     return lines
 
 
+def switch_cost(switches: list[str], connections: list[int], seconds: float) -> list[str]:
+    """What a switch interval costs the CPU-bound handlers: closed-loop requests/s at the
+    mix and the server's CPU per answered request, with k connections (k handlers sharing
+    the core under the GIL), no protection, at each switch interval."""
+    lines = [f"    {'switch':>7} " + " ".join(f"{f'{k} conn':>17}" for k in connections)
+             + "   (requests/s, server CPU ms per request)"]
+    for switch in switches:
+        cells = []
+        for k in connections:
+            server = Server("none", switch=switch)
+            try:
+                async def run(srv: Server = server, k: int = k) -> tuple[float, float]:
+                    await closed_loop(srv.port, 0.3, k, random.Random(3))  # warm
+                    cpu = srv.cpu()
+                    rate = await closed_loop(srv.port, seconds, k, random.Random(4))
+                    return rate, srv.cpu() - cpu
+
+                rate, spent = asyncio.run(run())
+            finally:
+                server.stop()
+            per = spent / max(1.0, rate * seconds) * 1e3
+            cells.append(f"{rate:>7.1f} {per:>6.2f}ms")
+        lines.append(f"    {float(switch) * 1e3:>5.2f}ms " + " ".join(f"{c:>17}" for c in cells))
+    return lines
+
+
+#: the uvicorn event loop and HTTP parser settings --gil-waits compares
+SERVER_KINDS = {"uvloop": [], "asyncio": ["--loop", "asyncio"],
+                "asyncio+h11": ["--loop", "asyncio", "--http", "h11"],
+                "uvloop+h11": ["--http", "h11"]}
+
+
+def _perf_futex(path: Path, pid: int) -> tuple[int, float] | None:
+    """The futex calls and milliseconds in them of thread ``pid`` (the event loop: uvicorn
+    runs it in the main thread) in a ``perf trace -s`` summary; None: perf saw nothing of
+    it (not permitted, say)."""
+    text = path.read_text() if path.exists() else ""
+    block = re.search(rf"\({pid}\), \d+ events.*?(?=\n \S.*\(\d+\), \d+ events|\Z)",
+                      text, re.S)
+    if block is None:
+        return None
+    row = re.search(r"^\s+futex\s+(\d+)\s+\d+\s+([\d.]+)", block[0], re.M)
+    return (int(row[1]), float(row[2])) if row else (0, 0.0)
+
+
+def gil_waits(kinds: list[str], switches: list[str], busy: int, rate: float, seconds: float,
+              repeats: int) -> list[str]:
+    """Per 503, how long the event loop's thread waits for the GIL while ``busy`` threads
+    burn CPU: its time in futex(2) (CPython's GIL is a mutex and a condition variable; the
+    loop's thread blocks nowhere else in a shed-only server but epoll), counted by
+    ``perf trace -s`` on the server. A time in a system call, not a latency: other
+    processes on the machine lengthen it less than they lengthen the 503's wall time. The
+    configurations interleaved, ``repeats`` rounds, the order reversed every other round."""
+    if shutil.which("perf") is None:
+        return ["    (perf not found: skipped)"]
+    combos = [(k, s) for k in kinds for s in switches]
+    got: dict[tuple[str, str], list[tuple[float, float, float]]] = {c: [] for c in combos}
+    out = Path(tempfile.mkdtemp()) / "perf.txt"
+    for r in range(repeats):
+        for kind, switch in combos if r % 2 == 0 else combos[::-1]:
+            SERVER_ARGS[:] = SERVER_KINDS[kind]
+            server = Server("shed-all", switch=switch, SHOP_BURNERS=str(busy))
+            point = Point(duration=seconds)
+            try:
+                asyncio.run(offer(server.port, rate, 0.3, 2.0, random.Random(1), None))
+                perf = subprocess.Popen(["perf", "trace", "-s", "-p", str(server.proc.pid),
+                                         "-o", str(out)], stderr=subprocess.DEVNULL)
+                time.sleep(0.3)  # real time: perf attaching to the server
+                asyncio.run(offer(server.port, rate, seconds, 2.0, random.Random(2), point))
+                perf.send_signal(signal.SIGINT)
+                perf.wait()
+                seen = _perf_futex(out, server.proc.pid)
+            finally:
+                server.stop()
+            if seen is None:
+                return ["    (perf trace saw nothing of the server: skipped)"]
+            calls, ms = seen
+            xs = [c[4] - c[3] for c in point.client.values() if c[5] in (503, 5030)]
+            n = max(1, len(xs))
+            got[(kind, switch)].append((ms / n, calls / n, pct(xs, .5) * 1e3))
+    SERVER_ARGS[:] = []
+    lines = [f"    {'uvicorn':<12} {'switch':>7} | GIL wait per 503 (ms, median of {repeats}; "
+             "min-max) | futex calls per 503 | 503 p50 ms (median)"]
+    for (kind, switch), rows in got.items():
+        waits = sorted(w for w, _, _ in rows)
+        calls_ = sorted(c for _, c, _ in rows)
+        p50s = sorted(p for _, _, p in rows)
+        m = len(rows) // 2
+        lines.append(f"    {kind:<12} {float(switch) * 1e3:>5.2f}ms | {waits[m]:>6.3f} "
+                     f"({waits[0]:.3f}-{waits[-1]:.3f}){'':>20} | {calls_[m]:>5.1f} | "
+                     f"{p50s[m]:>6.2f}")
+    return lines
+
+
 def ideal(events: list[tuple[float, str, str]], cost: dict[str, float], shed_cost: float,
           answer_sheds: bool, queue_timeout: float = math.inf) -> tuple[float, float]:
     """The critical p99 and success of an ideal scheduler on one core, on the arrivals
@@ -530,13 +634,35 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=2.0, help="client timeout (s)")
     ap.add_argument("--plot", default=str(ROOT / "docs" / "overload.png"))
     ap.add_argument("--json", default="", help="write the results here")
-    ap.add_argument("--gil", default="0.005,0.001,0.0005",
+    ap.add_argument("--gil", default="0.005,0.001,0.0001",
                     help="switch intervals for the GIL hand-off table ('' skips it)")
     ap.add_argument("--critical-wait", type=float, default=0.25,
                     help="the shop's critical queue_timeout (SHOP_CRITICAL_WAIT), for the "
                     "ideal scheduler's ceiling")
-    ap.add_argument("--switch", default="0.001", help="the server's switch interval")
+    ap.add_argument("--switch", default="0.0001", help="the server's switch interval")
+    ap.add_argument("--switch-cost", default="",
+                    help="switch intervals at which to measure the handlers' closed-loop "
+                    "throughput with 1 and 4 connections ('' skips it)")
+    ap.add_argument("--server-args", default="",
+                    help="extra uvicorn arguments for every server, e.g. '--loop asyncio'")
+    ap.add_argument("--gil-waits", default="",
+                    help="uvicorn kinds (uvloop, asyncio, asyncio+h11, uvloop+h11) at which to "
+                    "measure the event loop's GIL wait per 503 with perf trace, one busy "
+                    "thread, at the --gil switch intervals; then exit")
+    ap.add_argument("--repeats", type=int, default=3, help="rounds of --gil-waits")
     args = ap.parse_args()
+    if args.gil_waits:
+        print("the event loop's GIL wait per 503 (its futex time, perf trace -s), every "
+              f"request shed, 1 thread burning CPU, 100 req/s; load average "
+              f"{os.getloadavg()[0]:.1f}:")
+        for line in gil_waits(args.gil_waits.split(","), args.gil.split(","), 1, 100.0, 2.0,
+                              args.repeats):
+            print(line)
+        print(f"load average at the end {os.getloadavg()[0]:.1f}")
+        return
+    SERVER_ARGS[:] = args.server_args.split()
+    if SERVER_ARGS:
+        print(f"uvicorn {' '.join(SERVER_ARGS)}")
     loads = [float(x) for x in args.loads.split(",")]
     configs = [c for c in args.configs.split(",") if c]
     for c in configs:
@@ -577,6 +703,10 @@ def main() -> None:
         ratio, s50, s250 = steady_floor(load, cost)
         print(f"  {load:g}x: critical p99 {ratio:.2f}x its own unloaded p99 (target 3x); "
               f"critical success with waits cut at 50 ms {s50:.2%}, at 250 ms {s250:.2%}")
+    if args.switch_cost:
+        print("what the switch interval costs the handlers (closed loop, no protection):")
+        for line in switch_cost(args.switch_cost.split(","), [1, 4], 1.5):
+            print(line)
     if args.gil:
         print("GIL hand-offs: every request shed, k threads burning CPU in the server "
               "(as k CPU-bound requests in flight), 100 req/s:")

@@ -202,7 +202,7 @@ def test_concurrent_streams_over_redis_admit_exactly_the_limit(
 @pytest.mark.slow
 def test_store_outage_follows_on_error(serve: Callable[..., Serve]) -> None:
     """Redis killed (SIGKILL): on_error allow answers OK; on_error deny OVER_LIMIT; never
-    a gRPC error."""
+    a gRPC error; the degraded start line is written."""
     redis = start_redis()
     try:
         allow = serve("--store", redis.url, "--envoy-config", str(CONFIGS))
@@ -214,6 +214,8 @@ def test_store_outage_follows_on_error(serve: Callable[..., Serve]) -> None:
         assert ask(stub(allow), "mongo_cps", users).overall_code == OK
         assert ask(stub(deny), "mongo_cps", users).overall_code == OVER
         assert metric(allow, "stormguard_degraded_decisions_total") >= 1
+        # the serve command wires the gRPC path to the degraded log lines (one at the start)
+        assert allow.stop().count("checks are answered degraded") == 1
     finally:
         redis.stop()
 

@@ -101,6 +101,47 @@ def test_a_waiter_gets_the_freed_slot_within_its_wait_else_it_is_shed() -> None:
     assert s.stats()["waiting"] == 0
 
 
+
+def test_a_slot_freed_on_the_waiters_loop_resumes_it_in_the_next_round() -> None:
+    """Released on the waiter's own event loop (a request finishing in the middleware),
+    the slot's waiter runs in the loop's next round: not a round later through
+    call_soon_threadsafe, whose wake-up of the loop is a system call (and, while a CPU-bound
+    handler thread holds the GIL, a wait for it)."""
+    clock = FakeClock()
+    s = Shedder(1, queue_timeout=0.05, clock=clock)
+    woken: list[object] = []
+
+    async def main() -> tuple[bool, int]:
+        loop = asyncio.get_running_loop()
+        held = s.try_acquire(CRITICAL)
+        assert isinstance(held, Ticket)
+        waiter = asyncio.create_task(s.acquire_async(CRITICAL))
+        await asyncio.sleep(0)  # it waits for the slot
+        assert s.waiting == 1
+        threadsafe = loop.call_soon_threadsafe
+
+        def counting(*args: object, **kwargs: object) -> asyncio.Handle:
+            woken.append(args)
+            return threadsafe(*args, **kwargs)  # type: ignore[arg-type]
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        try:
+            s.release(held)
+            await asyncio.sleep(0)  # one round
+        finally:
+            del loop.call_soon_threadsafe
+        done = waiter.done()
+        got = await waiter
+        assert isinstance(got, Ticket)
+        s.release(got)
+        return done, s.in_flight
+
+    done, in_flight = clock.run(main())
+    assert done  # resumed in the round after the release
+    assert woken == []  # no wake-up of the loop through its self-pipe
+    assert in_flight == 0
+
+
 def test_each_tier_waits_its_own_queue_timeout() -> None:
     clock = FakeClock()
     s = Shedder(1, queue_timeout={"critical": 0.25, "sheddable": "10ms"}, clock=clock)

@@ -392,7 +392,8 @@ def _gateways_setup(args: argparse.Namespace, app: Any, limiter: Any, envoy: Any
         checker = EnvoyChecker(limiter, envoy, app.service.source)
         app.service.companions.append(RateLimitServer(
             checker, args.grpc_port, args.host, headers=args.envoy_headers,
-            metrics=app.service.metrics, top=app.service.top))
+            metrics=app.service.metrics, top=app.service.top,
+            observe=app.service.observe_degraded))
         if envoy is not None:
             from stormguard.gateways.watch import EnvoyConfigWatcher
 

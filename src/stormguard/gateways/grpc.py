@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from stormguard._core.errors import ConfigError
 from stormguard.observability.topk import SpaceSaving
+from stormguard.ratelimit.rules.check import CheckResult
 from stormguard.service.metrics import Metrics
 
 from .rls import EnvoyChecker, EnvoyResult
@@ -93,8 +94,12 @@ class _Servicer(rls_pb2_grpc.RateLimitServiceServicer):  # type: ignore[misc]
                                            overrides)
         except ConfigError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)[:500])
-        if s.metrics is not None:
-            s.metrics.record(s.checker.check_result(result), time.perf_counter() - t0)
+        if s.metrics is not None or s.observe is not None:
+            checked = s.checker.check_result(result)
+            if s.metrics is not None:
+                s.metrics.record(checked, time.perf_counter() - t0)
+            if s.observe is not None:
+                s.observe(checked)
         if s.top is not None:
             for key, rule in result.denials:
                 s.top.add(key, rule)
@@ -106,17 +111,22 @@ class RateLimitServer:
 
     ``metrics``: the service's metrics (the checks counted as ``POST /v1/check`` counts
     them); ``top``: the service's most-denied keys (``GET /v1/top``), fed each request's
-    denials (:attr:`EnvoyResult.denials`)."""
+    denials (:attr:`EnvoyResult.denials`); ``observe``: called with each request's answer
+    as a :class:`CheckResult` after it is counted (the service's
+    :meth:`~stormguard.service.base.ServiceBase.observe_degraded`: the degraded start / stop
+    log lines, as ``POST /v1/check`` writes them)."""
 
     def __init__(self, checker: EnvoyChecker, port: int, host: str = "127.0.0.1", *,
                  headers: bool = False, metrics: Metrics | None = None,
-                 top: SpaceSaving | None = None) -> None:
+                 top: SpaceSaving | None = None,
+                 observe: Callable[[CheckResult], None] | None = None) -> None:
         self.checker = checker
         self.host = host
         self.port = port
         self.headers = headers
         self.metrics = metrics
         self.top = top
+        self.observe = observe
         self.bound_port: int | None = None
         self._server: Any = None
         self.health: Any = None

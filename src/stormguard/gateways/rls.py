@@ -28,7 +28,7 @@ from stormguard.ratelimit.decision import Decision
 from stormguard.ratelimit.limiter import AsyncRateLimiter, RateLimiter
 from stormguard.ratelimit.rule import Rule
 from stormguard.ratelimit.rules import RequestAttrs, RuleSet
-from stormguard.ratelimit.rules.check import CheckResult
+from stormguard.ratelimit.rules.check import CheckResult, note_shadow_denials
 
 from .envoy import UNITS, EnvoyConfig, EnvoyLimit, counter_key
 
@@ -92,6 +92,9 @@ class EnvoyResult:
     """``(store key, rule name)`` of each counter that denied the request, and of each
     shadow limit that would have (only when the request was otherwise answered OK), as
     ``POST /v1/check`` feeds the service's most-denied keys (``GET /v1/top``)."""
+    shadow_denied: list[str] = field(default_factory=list)
+    """The rule names of the shadow limits that would have denied a request otherwise
+    answered OK, as :attr:`CheckResult.shadow_denied` (the shadow-denial metrics)."""
 
     def headers(self) -> dict[str, str]:
         """The RateLimit headers of the binding decision (and ``Retry-After`` when over
@@ -313,6 +316,7 @@ class EnvoyChecker:
         degraded = False
         denied: Decision | None = None
         denials: list[tuple[str, str]] = []
+        shadow_denied: list[str] = []
         blocked = any(st.code == OVER_LIMIT for st in statuses)
         decisions: dict[int, Decision] = {}
         # all or nothing: peek every enforced limit but the first, then charge in order
@@ -341,6 +345,8 @@ class EnvoyChecker:
             decisions[id(it)] = d
             if charge_shadows and not d.allowed:  # a denied request: its shadows only peek
                 denials.append(_denial(it))
+                if it.rule.name is not None:
+                    shadow_denied.append(it.rule.name)
         binding = self._statuses(items, statuses, decisions)
         if denied is not None:
             binding = denied
@@ -349,7 +355,11 @@ class EnvoyChecker:
             binding = next((d for d in shadow_ds if not d.allowed),
                            shadow_ds[0] if shadow_ds else None)
         code = OVER_LIMIT if any(st.code == OVER_LIMIT for st in statuses) else OK
-        return EnvoyResult(code, statuses, binding, degraded, denials)
+        result = EnvoyResult(code, statuses, binding, degraded, denials, shadow_denied)
+        # the limiter counted the shadow limits' denials as "denied": say shadow_denied, as
+        # POST /v1/check's check does
+        note_shadow_denials(self.limiter, self.check_result(result))
+        return result
 
     @staticmethod
     def _statuses(items: list[_Item], statuses: list[DescriptorStatus],
@@ -373,7 +383,8 @@ class EnvoyChecker:
         """The answer as the service's :class:`CheckResult` (for its metrics)."""
         d = result.decision
         shadow = d is not None and result.code == OK and not d.allowed
-        return CheckResult(result.code == OK, d, shadow, [], result.degraded, [])
+        return CheckResult(result.code == OK, d, shadow, list(result.shadow_denied),
+                           result.degraded, [])
 
 
 def _blocked(domain: str, descriptors: Sequence[tuple[Sequence[tuple[str, str]], int]],

@@ -165,9 +165,10 @@ class LoadSheddingMiddleware(_Base):
     first (None: fall through); ``priority_header`` is read only from ``trusted_proxies``.
     ``limit`` is an :class:`~stormguard.AdaptiveLimit` (the default) or an int.
     ``queue_timeout`` is one wait for every tier or a mapping per tier. ``switch_interval``
-    (seconds, e.g. ``0.001``; default: leave it alone) sets the interpreter's
-    :func:`sys.setswitchinterval` for CPU-bound endpoints in the thread pool: the event
-    loop, which answers every 503, waits up to one interval for the GIL per busy thread.
+    (seconds; ``0.0001`` for CPU-bound endpoints in the thread pool; default: leave it
+    alone) sets the interpreter's :func:`sys.setswitchinterval`: the event loop, which
+    answers every 503, waits up to one interval for the GIL per busy thread, two or more
+    times per request (docs/overload.md, deployment).
     """
 
     def __init__(self, app: ASGIApp, *, priorities: Mapping[str, str] | None = None,

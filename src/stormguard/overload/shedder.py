@@ -13,9 +13,11 @@ whose cap allows it), so an arrival never overtakes an eligible waiter.
 queue longer than ``codel_target`` (5 ms) for a whole ``codel_interval`` (100 ms), the
 queue is standing, not absorbing a burst: from then on, until the queue has stayed short
 (empty, or waits below the target) for a whole interval, new degraded and sheddable
-arrivals are shed at once, free slot or not (they would take the CPU the waiting
-critical requests need), and waiters are served newest first (adaptive LIFO: the oldest
-ones are the likeliest to be abandoned by their clients already).
+arrivals that find no slot under their tier's cap are shed at once instead of waiting
+(one that finds a free slot still takes it: CoDel manages the queue, the caps keep the
+slots critical requests need), and degraded and sheddable waiters are served newest
+first (adaptive LIFO: the oldest ones are the likeliest to be abandoned by their clients
+already); critical waiters stay first in, first out.
 
 The shedder is thread-safe (one lock, never held across a wait) and serves threads and
 asyncio tasks alike; waits are measured on its clock (virtual on
@@ -28,7 +30,7 @@ import asyncio
 import math
 import threading
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from stormguard._core import validate
@@ -39,7 +41,7 @@ from stormguard.observability.metrics import track
 from stormguard.overload.limit import AdaptiveLimit, Limit, coerce_limit
 
 __all__ = ["CRITICAL", "DEFAULT_SHARES", "DEGRADED", "SHEDDABLE", "TIERS", "Shedder", "Ticket",
-           "tier_index"]
+           "Waiting", "tier_index"]
 
 TIERS = ("critical", "degraded", "sheddable")
 """The priority tiers, most important first; shed in the reverse order."""
@@ -86,6 +88,11 @@ class _Waiter:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.future: asyncio.Future[None] | None = None
         self.event: threading.Event | None = None
+
+
+Waiting = _Waiter
+"""A request's place in a shedder's queue (:meth:`Shedder.enqueue`); its ``event`` is set
+when a slot is handed to it (then ``granted`` holds the :class:`Ticket`)."""
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -182,7 +189,8 @@ class Shedder:
         return max(1, math.floor(self.limit.limit * self._share[tier]))
 
     def overloaded(self) -> bool:
-        """True while the queue is standing (CoDel): shed on arrival, serve newest first."""
+        """True while the queue is standing (CoDel): degraded and sheddable arrivals that
+        find no slot are shed at once, their waiters served newest first."""
         with self._lock:
             return self._standing(self._clock.monotonic())
 
@@ -251,6 +259,7 @@ class Shedder:
         queues = self._queues
         limit = self.limit.limit
         share = self._share
+        here = asyncio.events._get_running_loop()  # None outside a running loop
         for tier in (CRITICAL, DEGRADED, SHEDDABLE):
             q = queues[tier]
             cap = max(1, math.floor(limit * share[tier]))
@@ -262,6 +271,9 @@ class Shedder:
                 if w.event is not None:
                     w.event.set()
                 elif w.loop is not None and w.future is not None:
+                    if w.loop is here:  # freed on the waiter's own loop: it resumes in
+                        _resolve(w.future)  # this round, no wake-up, no extra round
+                        continue
                     try:
                         w.loop.call_soon_threadsafe(_resolve, w.future)
                     except RuntimeError:  # its loop is closed: nobody will take the slot
@@ -344,6 +356,32 @@ class Shedder:
             if isinstance(got, Ticket):
                 return got
             return self._shed_one(tier, "capacity", now)
+
+    def enqueue(self, tier: int, key: str, event: Callable[[], threading.Event]
+                ) -> Ticket | Shed | Waiting:
+        """:meth:`acquire_blocking`'s decision without its wait, for a caller that waits
+        by its own means (the simulator, in virtual time): a slot now (a :class:`Ticket`),
+        the :class:`Shed` error to answer with, or the request's place in the queue.
+
+        ``event`` is called (under the shedder's lock) only when the request must wait:
+        the object it returns is the place's ``event``, whose ``set()`` the shedder calls,
+        under its lock, when a slot is handed to the request. The caller waits for that
+        at most the tier's queue timeout (``queue_timeouts[TIERS[tier]]``, as
+        :meth:`acquire_blocking` does), then hands the place to :meth:`settle`."""
+        now = self._clock.monotonic()
+        with self._lock:
+            got = self._admit(tier, key, now, True)
+            if isinstance(got, Ticket):
+                return got
+            if isinstance(got, str):
+                return self._shed_one(tier, got, now)
+            got.event = event()
+            return got
+
+    def settle(self, place: Waiting) -> Ticket | Shed:
+        """The end of a wait begun by :meth:`enqueue`: the ticket of the slot handed to
+        the request meanwhile, else it leaves the queue and is shed (``queue_timeout``)."""
+        return self._give_up(place, self._clock.monotonic())
 
     async def acquire_async(self, tier: int = CRITICAL, key: str = "",
                             wait: float | None = None) -> Ticket | Shed:

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from stormguard.queue.core import DeferredQueue
     from stormguard.resilience._base import Policy
 
-__all__ = ["Worker", "pause_for"]
+__all__ = ["Lease", "Worker", "pause_for"]
 
 _log = logging.getLogger("stormguard.queue")
 _owners = itertools.count(1)
@@ -71,7 +71,10 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-class _Held:
+class Lease:
+    """A job a dispatcher holds, leased at ``leased_at`` (the worker's monotonic clock):
+    :meth:`Worker.renew` extends its lease every half ``visibility_timeout``."""
+
     __slots__ = ("job", "leased_at")
 
     def __init__(self, job: Job, leased_at: float) -> None:
@@ -250,7 +253,7 @@ class Worker:
                              "is taken again when its lease ends", self.name, job.id, err)
         return []
 
-    def _renew(self, held: Iterable[_Held], now: float) -> None:
+    def _renew(self, held: Iterable[Lease], now: float) -> None:
         due = [h for h in held if now - h.leased_at >= self.visibility_timeout / 2]
         if not due:
             return
@@ -285,6 +288,39 @@ class Worker:
             self.poll_interval, due - wall)
         if end is not None:
             delay = min(delay, max(end - self.clock.monotonic(), 0.0))
+        return delay
+
+    # -- one dispatcher step at a time, for a driver of its own (the simulator drives a
+    # real worker in virtual time with these; run / drain are loops over the same steps)
+    def take(self, n: int) -> list[Job]:
+        """Acknowledge the jobs done since the last call and take up to ``n`` more, in one
+        call to the backend (``take(0)`` only acknowledges); a queue failure takes none and
+        pauses the worker ``poll_interval``."""
+        return self._round(n)
+
+    def paused_for(self, now: float | None = None) -> float:
+        """Seconds the worker still takes no work (an open breaker's remaining time, a
+        shaper's ``retry_after``, a queue failure); zero or less: not paused. ``now``: the
+        clock's monotonic time (read when omitted)."""
+        return self._paused_until - (self.clock.monotonic() if now is None else now)
+
+    def renew(self, leases: Iterable[Lease], now: float) -> None:
+        """Extend the leases held for half ``visibility_timeout`` or more (one backend
+        call); ``now``: the clock's monotonic time."""
+        self._renew(leases, now)
+
+    def process(self, job: Job) -> None:
+        """Run a taken job's handler (through the pipeline) in this thread and record the
+        outcome: acknowledged with the next :meth:`take`, retried later with backoff,
+        dead-lettered, or a pause (the job pending again). A handler's error never
+        propagates."""
+        self._process(job)
+
+    def idle_delay(self) -> float:
+        """How long to wait for work when a :meth:`take` found none: ``poll_interval``,
+        or less when a retry falls due sooner."""
+        delay = self._idle_delay(None, drain=False)
+        assert delay is not None  # only a drain is ever over
         return delay
 
     def stop(self) -> None:
@@ -337,7 +373,7 @@ class Worker:
         end = None if timeout is None else clock.monotonic() + timeout
         pool = concurrent.futures.ThreadPoolExecutor(
             self.concurrency, thread_name_prefix=f"stormguard-{self.name}")
-        running: dict[concurrent.futures.Future[None], _Held] = {}
+        running: dict[concurrent.futures.Future[None], Lease] = {}
         drained = abandoned = False
         try:
             while True:
@@ -358,7 +394,7 @@ class Worker:
                     continue
                 jobs = self._taken(self._round(self.concurrency - len(running)))
                 for job in jobs:
-                    running[pool.submit(self._safe_process, job)] = _Held(job, now)
+                    running[pool.submit(self._safe_process, job)] = Lease(job, now)
                 if jobs:
                     continue
                 if running:
@@ -423,7 +459,7 @@ class Worker:
     async def _aloop(self, *, drain: bool, budget: float | None) -> bool:
         clock = self.clock
         end = None if budget is None else clock.monotonic() + budget
-        running: dict[asyncio.Task[None], _Held] = {}
+        running: dict[asyncio.Task[None], Lease] = {}
         drained = False
         finished = False
         try:
@@ -445,7 +481,7 @@ class Worker:
                     continue
                 jobs = self._taken(self._round(self.concurrency - len(running)))
                 for job in jobs:
-                    running[asyncio.ensure_future(self._asafe_process(job))] = _Held(job, now)
+                    running[asyncio.ensure_future(self._asafe_process(job))] = Lease(job, now)
                 if jobs:
                     await asyncio.sleep(0)
                     continue

@@ -59,6 +59,14 @@ class ServiceBase:
                 if (not result.allowed and d is not None and spec.rule is d.rule) \
                         or spec.name in result.shadow_denied:
                     self.top.add(key, spec.name or "(inline)")
+        self.observe_degraded(result)
+
+    def observe_degraded(self, result: CheckResult) -> None:
+        """After each check, whatever its protocol (``POST /v1/check``, Envoy's gRPC
+        ``ShouldRateLimit``): one log line (``event`` ``degraded_start``) when checks start
+        being answered degraded (the store failing) and one (``degraded_stop``, with the
+        number of degraded decisions and the seconds) when a check is decided by the
+        store again; a check that reached no rule (no decision) changes nothing."""
         if result.degraded:
             self._degraded_n += 1
             if self._degraded_since is None:

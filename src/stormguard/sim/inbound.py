@@ -42,12 +42,12 @@ from stormguard._core.errors import ConfigError, Shed
 from stormguard.integrations.shedding import Priorities
 from stormguard.observability.events import Event
 from stormguard.overload.limit import AdaptiveLimit
-from stormguard.overload.shedder import Shedder, Ticket
+from stormguard.overload.shedder import TIERS, Shedder, Ticket
 from stormguard.queue.core import DeferredQueue
 from stormguard.queue.events import JobDeferred
 from stormguard.queue.fallback import DeferFallback
 from stormguard.queue.job import Backoff, Deferred, Job
-from stormguard.queue.worker import Worker
+from stormguard.queue.worker import Lease, Worker
 from stormguard.ratelimit.limiter import RateLimiter
 from stormguard.ratelimit.rules import RequestAttrs, RulesError, RuleSet
 from stormguard.resilience.pipeline import Pipeline
@@ -155,45 +155,50 @@ class _SimEvent(threading.Event):
 
     def __init__(self, waiter: Waiter) -> None:
         super().__init__()
-        self._waiter = waiter
+        self.waiter = waiter
 
     def set(self) -> None:
-        self._waiter.complete(True)
+        self.waiter.complete(True)
 
 
-def acquire(shedder: Shedder, tier: int, key: str, eng: Engine, clock: SimClock
+def waking(eng: Engine, clock: SimClock) -> Callable[[], _SimEvent]:
+    """The ``event`` factory :func:`acquire` hands a shedder: a new Waiter of the engine
+    per request that must wait (made once per entry, not per request)."""
+    def event() -> _SimEvent:
+        return _SimEvent(Waiter(eng, clock))
+
+    return event
+
+
+def acquire(shedder: Shedder, tier: int, key: str, event: Callable[[], _SimEvent]
             ) -> Ticket | Shed:
     """``shedder.acquire_blocking(tier, key)`` in virtual time: the same decisions (the
-    shedder's own ``_admit``, ``_give_up``), the wait of at most ``queue_timeout`` on the
-    engine instead of a thread's."""
-    now = clock.monotonic()
-    with shedder._lock:
-        got = shedder._admit(tier, key, now, True)
-        if isinstance(got, Ticket):
-            return got
-        if isinstance(got, str):
-            return shedder._shed_one(tier, got, now)
-        waiter = Waiter(eng, clock)
-        got.event = _SimEvent(waiter)
-    waiter.wait(shedder.queue_timeout)
-    return shedder._give_up(got, clock.monotonic())
+    shedder's :meth:`~Shedder.enqueue` and :meth:`~Shedder.settle`), the wait of at most
+    ``queue_timeout`` of its tier on the engine instead of a thread's (``event``: from
+    :func:`waking`)."""
+    got = shedder.enqueue(tier, key, event)
+    if isinstance(got, Ticket | Shed):
+        return got
+    assert isinstance(got.event, _SimEvent)
+    got.event.waiter.wait(shedder.queue_timeouts[TIERS[tier]])
+    return shedder.settle(got)
 
 
 class Gate:
     """One instance's entry: its rate limiter and rules, its shedder (either may be None),
     and the rows counting what they refused."""
 
-    __slots__ = ("_clock", "_eng", "_inv_res", "_last", "_limited", "_shadow", "_shed",
-                 "limiter", "rules", "shedder")
+    __slots__ = ("_clock", "_event", "_inv_res", "_last", "_limited", "_shadow",
+                 "_shed", "limiter", "rules", "shedder")
 
     def __init__(self, eng: Engine, clock: SimClock, series: Series, service: str,
                  limiter: RateLimiter | None, rules: RuleSet | None,
                  shedder: Shedder | None) -> None:
-        self._eng = eng
         self._clock = clock
         self.limiter = limiter
         self.rules = rules
         self.shedder = shedder
+        self._event = waking(eng, clock)
         self._inv_res = 1.0 / series.resolution
         self._last = series.buckets - 1
         self._limited: dict[str, list[int]] = {}
@@ -232,7 +237,7 @@ class Gate:
     def admit(self, tier: int, key: str) -> Ticket:
         """A shedder slot, or :class:`Overloaded` (a 503) when the request is shed."""
         assert self.shedder is not None
-        got = acquire(self.shedder, tier, key, self._eng, self._clock)
+        got = acquire(self.shedder, tier, key, self._event)
         if isinstance(got, Ticket):
             return got
         self._shed[tier][self._bucket()] += 1
@@ -268,7 +273,7 @@ class SimWorker:
 
     A loop task takes at most one job every ``1 / rate`` seconds (every due job at once
     when ``rate`` is None) while fewer than ``concurrency`` run, each job a task running
-    ``Worker._process`` (the handler through the pipeline, then the outcome: ack, retry
+    :meth:`Worker.process` (the handler through the pipeline, then the outcome: ack, retry
     later with backoff, dead letter, or a pause while a breaker is open). Counts per
     bucket: jobs started (``queue:<name>:taken``) and handlers that succeeded
     (``queue:<name>:drained``)."""
@@ -281,7 +286,7 @@ class SimWorker:
         self.rate = rate
         self.start_at = start
         self.running = 0
-        self._held: dict[str, Any] = {}
+        self._held: dict[str, Lease] = {}
         self._taken = series.row(f"queue:{name}:taken")
         self._inv_res = 1.0 / series.resolution
         self._last = series.buckets - 1
@@ -291,47 +296,44 @@ class SimWorker:
 
     def _process(self, job: Job) -> None:
         try:
-            self.worker._process(job)
+            self.worker.process(job)
         finally:
             self.running -= 1
             self._held.pop(job.id, None)
 
     def _loop(self) -> None:
-        from stormguard.queue.worker import _Held
-
         w, clock = self.worker, self.clock
         gap = None if self.rate is None else 1.0 / self.rate
         poll = w.poll_interval
         while True:
             now = clock.monotonic()
-            w._renew(list(self._held.values()), now)
-            wait = w._paused_until - now
+            w.renew(list(self._held.values()), now)
+            wait = w.paused_for(now)
             if wait > 0:
-                w._round(0)
+                w.take(0)
                 clock.sleep(min(wait, poll))
                 continue
             free = w.concurrency - self.running
             if free <= 0:
-                w._round(0)
+                w.take(0)
                 clock.sleep(poll if gap is None else min(gap, poll))
                 continue
-            jobs = w._round(1 if gap is not None else free)
+            jobs = w.take(1 if gap is not None else free)
             if jobs:
                 b = int(now * self._inv_res)
                 for job in jobs:
                     self.running += 1
-                    self._held[job.id] = _Held(job, now)
+                    self._held[job.id] = Lease(job, now)
                     self._taken[b if b < self._last else self._last] += 1
                     spawn(self.eng, clock, self._process, job)
                 if gap is not None:
                     clock.sleep(gap)
                 continue
-            delay = w._idle_delay(None, drain=False)
-            clock.sleep(poll if delay is None else delay)
+            clock.sleep(w.idle_delay())
 
     def finish(self) -> None:
         """The run is over: acknowledge the jobs done since the last round."""
-        self.worker._round(0)
+        self.worker.take(0)
 
 
 def handler(call: Callable[[], object], series: Series, name: str, clock: SimClock

@@ -13,7 +13,7 @@ from stormguard.ratelimit.rule import Rule
 from stormguard.stores.base import binding, check_cost
 
 __all__ = ["CheckResult", "Flow", "Matched", "Plan", "Step", "acheck_plan", "apeek_plan",
-           "check_flow", "check_plan", "peek_plan", "run_sync"]
+           "check_flow", "check_plan", "note_shadow_denials", "peek_plan", "run_sync"]
 
 
 class Matched(Protocol):
@@ -129,9 +129,18 @@ def check_plan(limiter: RateLimiter, plan: Plan, cost: int = 1) -> CheckResult:
         d = limiter.hit(key, spec.rule, cost)
         return CheckResult(d.allowed, d, False, [], d.degraded, [spec.name])
     result = run_sync(limiter, check_flow(plan, cost))
+    note_shadow_denials(limiter, result)
+    return result
+
+
+def note_shadow_denials(limiter: AsyncRateLimiter | RateLimiter, result: CheckResult) -> None:
+    """Report a checked request's ``shadow_denied`` rules in the limiter's decision metric
+    (``stormguard_limiter_decisions_total{result="shadow_denied"}``; their decisions were
+    counted as "denied" by the limiter's ``hit``), as :func:`check_plan` does; for a check
+    driven outside these drivers (Envoy's gRPC path). Nothing for a degraded result (its
+    decisions were counted as "degraded") or a limiter whose metrics are not enabled."""
     if result.shadow_denied and not result.degraded and limiter._counting:
         limiter._note_shadow(result.shadow_denied)
-    return result
 
 
 async def acheck_plan(limiter: AsyncRateLimiter | RateLimiter, plan: Plan,
@@ -157,8 +166,7 @@ async def acheck_plan(limiter: AsyncRateLimiter | RateLimiter, plan: Plan,
             step = flow.send(d)
     except StopIteration as stop:
         result: CheckResult = stop.value
-        if result.shadow_denied and not result.degraded and limiter._counting:
-            limiter._note_shadow(result.shadow_denied)
+        note_shadow_denials(limiter, result)
         return result
 
 

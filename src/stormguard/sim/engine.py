@@ -21,12 +21,22 @@ scheduled (FIFO), including events scheduled at the current time by a running ev
 A time in the past is run at the current time (the clock never goes back). Each
 event costs one ``heapq`` push and pop: O(log n) in the number pending. Nothing here
 reads the wall clock.
+
+The simulator's waits of one length again and again (a work step's, a dependency's
+constant latency) go through FIFO lanes (``Engine._lane``, ``SimClock._sleep_in``):
+only the first entry of each lane is in the heap, which then holds a few entries
+instead of one per waiting request; the run order is exactly the heap's alone.
+
+A clock that only the engine moves (``clock._engine_owned``, the simulator's
+``SimClock``) and whose monotonic time is its elapsed time (``monotonic_start=0``) is
+moved by one attribute write per event instead of a call.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +44,11 @@ from stormguard._core import validate
 from stormguard.testing import FakeClock
 
 __all__ = ["Engine", "Handle"]
+
+#: a heap entry: (time, sequence, handle, None, None) for the public calls; (time,
+#: sequence, fn, args, lane) for the simulator's own events, never cancelled (no handle
+#: to allocate); ``lane`` is None or the FIFO lane holding the entry (see Engine._lane)
+_Entry = tuple[float, int, Any, "tuple[Any, ...] | None", "deque[Any] | None"]
 
 
 class Handle:
@@ -60,7 +75,7 @@ class Handle:
         """Cancel the event (or the rest of the series); cancelling twice is harmless."""
         if not self.cancelled:
             self.cancelled = True
-            self._engine._live -= 1
+            self._engine._dead += 1  # still in the heap: skipped when popped
 
     def __repr__(self) -> str:
         state = "cancelled" if self.cancelled else f"at {self.when!r}"
@@ -82,35 +97,63 @@ class Engine:
             raise TypeError(f"clock: must be a stormguard.testing.FakeClock "
                             f"(got {type(clock).__name__})")
         self.clock = clock
-        # (time, sequence, handle, None) for the public calls; (time, sequence, None,
-        # (fn, args)) for the simulator's own events that are never cancelled (no handle
-        # to allocate). The sequence number is unique: tuples never compare past it.
-        self._heap: list[tuple[float, int, Handle | None, Any]] = []
-        self._seq = 0
-        self._live = 0  # events in the heap that are not cancelled
-        self.events_run = 0
-        """How many events have run (a series counts once per run)."""
+        # The sequence number of an entry (_Entry) is unique: tuples never compare past
+        # it. Every entry takes a new sequence number, so the counts below need no update
+        # per event.
+        self._heap: list[_Entry] = []
+        # FIFO lanes: entries appended in (time, sequence) order, only each lane's first
+        # entry in the heap (a smaller heap: fewer comparisons per event, the same order)
+        self._lanes: list[deque[_Entry]] = []
+        self._seq = 0  # entries ever made
+        self._dead = 0  # cancelled handles still in the heap
+        self._gone = 0  # entries removed without running (cancelled, or cleared)
 
     @property
     def now(self) -> float:
         """The current virtual time: ``clock.monotonic()``."""
         return self.clock.monotonic()
 
+    def _queued(self) -> int:
+        """Entries not yet run or dropped: the heap's, and the lanes' behind their first."""
+        return len(self._heap) + sum(len(lane) - 1 for lane in self._lanes if lane)
+
     @property
     def pending(self) -> int:
         """How many events are scheduled and not cancelled (a series counts as one)."""
-        return self._live
+        return self._queued() - self._dead
+
+    @property
+    def events_run(self) -> int:
+        """How many events have run (a series counts once per run)."""
+        return self._seq - self._queued() - self._gone
+
+    def _clear(self) -> None:
+        """Drop every scheduled event (the run is over): none of them will run."""
+        self._gone += self._queued()
+        self._heap.clear()
+        for lane in self._lanes:
+            lane.clear()
+        self._dead = 0
+
+    def _lane(self) -> deque[_Entry]:
+        """A new FIFO lane, for events scheduled in time order (the same delay from now,
+        again and again; ``SimClock._sleep_in``). Its user makes ``(when, seq, fn, args,
+        lane)`` with a new ``seq`` and appends it when ``when`` is not before the lane's
+        last entry's (pushing it on the heap too if the lane was empty), else pushes it
+        with lane None on the heap: the run order is the one the heap alone would give."""
+        lane: deque[_Entry] = deque()
+        self._lanes.append(lane)
+        return lane
 
     def _push(self, handle: Handle) -> None:
         self._seq += 1
-        heapq.heappush(self._heap, (handle.when, self._seq, handle, None))
+        heapq.heappush(self._heap, (handle.when, self._seq, handle, None, None))
 
     def call_at(self, when: float, fn: Callable[..., object], *args: Any) -> Handle:
         """Run ``fn(*args)`` at virtual time ``when`` (at once if that is past)."""
         when = validate.number("when", when, minimum=None)
         now = self.clock.monotonic()
         handle = Handle(self, when if when > now else now, fn, args)
-        self._live += 1
         self._push(handle)
         return handle
 
@@ -118,7 +161,6 @@ class Engine:
         """Run ``fn(*args)`` ``delay`` virtual seconds from now (``delay >= 0``)."""
         delay = validate.number("delay", delay, allow_zero=True)
         handle = Handle(self, self.clock.monotonic() + delay, fn, args)
-        self._live += 1
         self._push(handle)
         return handle
 
@@ -126,23 +168,19 @@ class Engine:
         """:meth:`call_later` without the argument checks, for the simulator's own hot
         path (``delay`` already a float >= 0)."""
         handle = Handle(self, self.clock.monotonic() + delay, fn, args)
-        self._live += 1
         self._seq += 1
-        heapq.heappush(self._heap, (handle.when, self._seq, handle, None))
+        heapq.heappush(self._heap, (handle.when, self._seq, handle, None, None))
         return handle
 
     def _fire_later(self, delay: float, fn: Callable[..., object], *args: Any) -> None:
         """Run ``fn(*args)`` ``delay`` (a float >= 0) from now; no handle, no cancel."""
-        self._live += 1
         self._seq += 1
-        heapq.heappush(self._heap, (self.clock.monotonic() + delay, self._seq, None,
-                                    (fn, args)))
+        heapq.heappush(self._heap, (self.clock.monotonic() + delay, self._seq, fn, args, None))
 
     def _fire_now(self, fn: Callable[..., object], *args: Any) -> None:
         """Run ``fn(*args)`` now, after the events already due now; no handle."""
-        self._live += 1
         self._seq += 1
-        heapq.heappush(self._heap, (self.clock.monotonic(), self._seq, None, (fn, args)))
+        heapq.heappush(self._heap, (self.clock.monotonic(), self._seq, fn, args, None))
 
     def every(self, interval: float, fn: Callable[..., object], *args: Any,
               start: float | None = None) -> Handle:
@@ -159,7 +197,6 @@ class Engine:
             first = validate.number("start", start, minimum=None)
             first = max(first, now)
         handle = Handle(self, first, fn, args, interval)
-        self._live += 1
         self._push(handle)
         return handle
 
@@ -174,40 +211,48 @@ class Engine:
             until = validate.number("until", until, minimum=None)
         limit = math.inf if until is None else until
         heap = self._heap
-        pop = heapq.heappop
+        pop, push = heapq.heappop, heapq.heappush
         clock = self.clock
         monotonic, advance_to = clock.monotonic, clock._advance_to
+        # a clock only this loop moves, monotonic() == _elapsed: moved by one write
+        direct = getattr(clock, "_engine_owned", False) and clock._mono0 == 0.0
         while heap:
-            entry = heap[0]
+            entry = pop(heap)
             when = entry[0]
             if when > limit:
+                push(heap, entry)  # the same (time, sequence): its place is unchanged
                 break
-            pop(heap)
-            handle = entry[2]
-            if handle is None:  # the simulator's own event: nothing to cancel or repeat
-                if when > monotonic():
+            lane = entry[4]
+            if lane is not None:  # the first of its lane: the next one takes its place
+                lane.popleft()
+                if lane:
+                    push(heap, lane[0])
+            args = entry[3]
+            if args is not None:  # the simulator's own event: nothing to cancel or repeat
+                if direct:
+                    if when > clock._elapsed:  # noqa: PLR1730 -- max() is a call per event
+                        clock._elapsed = when
+                elif when > monotonic():
                     advance_to(when)
-                self._live -= 1
-                self.events_run += 1
-                fn, args = entry[3]
-                fn(*args)
+                entry[2](*args)
                 continue
+            handle: Handle = entry[2]
             if handle.cancelled:
+                self._dead -= 1
+                self._gone += 1
                 continue
             if when > monotonic():
                 advance_to(when)  # exactly `when`: no float drift from advance()
             interval = handle._interval
             if interval is None:
                 handle.cancelled = True  # it has run: cancel() is now a no-op
-                self._live -= 1
             else:
                 handle._n += 1
                 handle.when = handle._start + handle._n * interval
                 self._push(handle)
-            self.events_run += 1
             handle._fn(*handle._args)
         if until is not None and until > clock.monotonic():
             clock._advance_to(until)
 
     def __repr__(self) -> str:
-        return f"<Engine now={self.now!r} pending={self._live}>"
+        return f"<Engine now={self.now!r} pending={self.pending}>"

@@ -127,8 +127,8 @@ def mean_of(spec: dict[str, Any]) -> float:
 class Dependency:
     """A provider with time-varying latency, error rate and capacity (calls/s, FIFO)."""
 
-    __slots__ = ("_at", "_capacity", "_clock", "_errors", "_inv_res", "_last", "_latency",
-                 "_next_free", "_rng", "_rows", "_single", "name")
+    __slots__ = ("_at", "_capacity", "_clock", "_errors", "_fixed", "_inv_res", "_lane", "_last",
+                 "_latency", "_next_free", "_rng", "_rows", "_single", "name")
 
     def __init__(self, name: str, spec: dict[str, Any], clock: SimClock, rng: random.Random,
                  series: Series) -> None:
@@ -143,6 +143,9 @@ class Dependency:
         self._at = [t for t, _ in phases]
         self._single = len(phases) == 1
         self._latency = [sampler(p["latency"], rng) for _, p in phases]
+        # a constant latency, read without calling its sampler (which draws nothing)
+        self._fixed = [float(p["latency"]["value"]) if p["latency"]["dist"] == "constant"
+                       else None for _, p in phases]
         self._errors = [float(p.get("error_rate", 0.0)) for _, p in phases]
         self._capacity = [p.get("capacity") for _, p in phases]
         self._next_free = 0.0
@@ -151,15 +154,21 @@ class Dependency:
             f"calls:{name}", f"dep:{name}:ok", f"dep:{name}:error", f"dep:{name}:timeout"))
         self._inv_res = 1.0 / series.resolution
         self._last = series.buckets - 1
+        # the answers' wake-ups, in time order as long as the latency is constant
+        assert clock.engine is not None
+        self._lane = clock.engine._lane()
 
-    def call(self) -> str:
-        """One call from a simulated task: waits its answer or the deadline in force."""
+    def call(self, _fn: object = None, _args: object = None, _kwargs: object = None) -> str:
+        """One call from a simulated task: waits its answer or the deadline in force.
+
+        (The arguments are ignored: so the method is also the innermost layer of a
+        policy chain, ``(fn, args, kwargs)``, without a wrapper's call.)"""
         clock = self._clock
-        now = clock.monotonic()
-        b = int(now * self._inv_res)
-        b = min(b, self._last)
+        now = clock._mono0 + clock._elapsed  # clock.monotonic(), inlined (once per call)
+        inv_res, last = self._inv_res, self._last
+        b = int(now * inv_res)
         calls, ok, err, abandoned = self._rows
-        calls[b] += 1
+        calls[b if b < last else last] += 1
         i = 0 if self._single else bisect.bisect_right(self._at, now) - 1
         capacity = self._capacity[i]
         start = now
@@ -167,18 +176,19 @@ class Dependency:
             # one turn every 1/capacity s: a queue that lengthens when arrivals exceed it
             start = self._next_free if self._next_free > now else now
             self._next_free = start + 1.0 / float(capacity)
-        answer_at = start + self._latency[i]()
+        fixed = self._fixed[i]
+        answer_at = start + (self._latency[i]() if fixed is None else fixed)
         rate = self._errors[i]
         failed = rate > 0.0 and self._rng.random() < rate
         d = _current.get()
         if d is not None and d.at < answer_at:
             clock.sleep(d.at - now if d.at > now else 0.0)
-            b = min(int(clock.monotonic() * self._inv_res), self._last)
-            abandoned[b] += 1
+            b = int(clock.monotonic() * inv_res)
+            abandoned[b if b < last else last] += 1
             raise TimeoutError(f"{self.name}: no answer before the deadline")
-        clock.sleep(answer_at - now)
-        b = int(clock.monotonic() * self._inv_res)
-        b = min(b, self._last)
+        clock._sleep_in(self._lane, answer_at - now)
+        b = int((clock._mono0 + clock._elapsed) * inv_res)
+        b = b if b < last else last
         if failed:
             err[b] += 1
             raise DependencyDown(f"{self.name}: 503")
@@ -537,6 +547,7 @@ def run(scenario: Scenario, *, resolution: float = 1.0) -> Result:
     defer_listeners = () if inbound is None else inbound.defer_counter(queues, series)
     services: dict[str, Service] = {}
     gates: dict[str, list[Gate]] = {}
+    work_lanes: dict[float, Any] = {}
     for sname, sspec in scenario.services.items():
         gauge, qgauge = Gauge(clock, buckets, resolution), Gauge(clock, buckets, resolution)
         svc = Service(sname, sspec["threads"], gauge, qgauge)
@@ -558,13 +569,13 @@ def run(scenario: Scenario, *, resolution: float = 1.0) -> Result:
                 steps: list[_Step] = []
                 for k, step in enumerate(espec["steps"]):
                     if "work" in step:
-                        steps.append(partial(clock.sleep, float(step["work"])))
+                        steps.append(_work(eng, clock, work_lanes, float(step["work"])))
                         continue
                     dep = deps[step["call"]]
                     where = f"services.{sname}.endpoints.{ename}.steps[{k}].policies"
                     policies = build_policies(step.get("policies", []), ctx, where,
                                               dependency=step["call"])
-                    wrapped = _wrap(policies, dep.call)
+                    wrapped = _wrap(policies, dep.call, dep.call)
                     if inbound is not None and queues:
                         wrapped = inbound.deferring(wrapped, policies)
                     steps.append(wrapped)
@@ -595,6 +606,15 @@ def run(scenario: Scenario, *, resolution: float = 1.0) -> Result:
         transitions=transitions, events=eng.events_run)
 
 
+def _work(eng: Engine, clock: SimClock, lanes: dict[float, Any], seconds: float) -> _Step:
+    """A ``work`` step: the thread busy ``seconds`` (one FIFO lane of the engine per length
+    of work: their wake-ups come in time order)."""
+    lane = lanes.get(seconds)
+    if lane is None:
+        lane = lanes[seconds] = eng._lane()
+    return partial(clock._sleep_in, lane, seconds)
+
+
 def _drained_at(depth: list[int], resolution: float, deferred: int) -> float | None:
     """The end of the last bucket with jobs pending (None: nothing deferred, or some
     still pending at the end)."""
@@ -611,13 +631,16 @@ def _all_full(svc: Service) -> float | None:
     return max(t for t in times if t is not None)
 
 
-def _wrap(policies: list[Policy], fn: Callable[[], Any]) -> Callable[[], Any]:
+def _wrap(policies: list[Policy], fn: Callable[[], Any],
+          layer: Callable[[Any, Any, Any], Any] | None = None) -> Callable[[], Any]:
     """``fn`` under ``policies``: the chain ``Pipeline(*policies).call(fn)`` runs (the
     same ``resilience.pipeline.blocking.chain`` of the policies' ``_sync`` flows), built
-    once with ``fn`` innermost, without ``Pipeline.call``'s argument packing per call."""
+    once with ``fn`` innermost, without ``Pipeline.call``'s argument packing per call.
+    ``layer``: ``fn`` itself as the innermost layer (it takes and ignores ``(fn, args,
+    kwargs)``: one call fewer than a wrapper)."""
     if not policies:
         return fn
-    chained = chain(policies, lambda _fn, _args, _kwargs: fn())
+    chained = chain(policies, (lambda _fn, _args, _kwargs: fn()) if layer is None else layer)
     return partial(chained, fn, (), {})
 
 
@@ -659,8 +682,12 @@ def _start_traffic(  # noqa: PLR0915 -- the closures of one traffic source, toge
             attrs = _ATTRS.get() if keys is not None else static
             return handle_gated(svc.pick(), endpoint, attrs, tier_index, shed_key)
 
+    instances = svc.instances
+
     def server() -> str:
-        return _handle(svc.pick(), endpoint, clock)
+        k = svc._next  # Service.pick(), inlined: round robin
+        svc._next = (k + 1) % len(instances)
+        return _handle(instances[k], endpoint, clock)
 
     # client layers, outermost first: each a pipeline around a remote call to the next hop
     def remote(inner: Callable[[], str], honour: bool) -> Callable[[], str]:
@@ -718,7 +745,7 @@ def _start_traffic(  # noqa: PLR0915 -- the closures of one traffic source, toge
     inv_res, last = 1.0 / series.resolution, series.buckets - 1
 
     def request() -> None:
-        started = clock.monotonic()
+        started = clock._mono0 + clock._elapsed  # clock.monotonic(), inlined
         try:
             outcome = entry()
         except Limited:
@@ -729,9 +756,9 @@ def _start_traffic(  # noqa: PLR0915 -- the closures of one traffic source, toge
             outcome = "error"
         # counted in the bucket of its arrival: rates of the requests that arrived then
         i = int(started * inv_res)
-        i = min(i, last)
+        i = i if i < last else last
         rows[outcome][i] += 1
-        latency[i] += int((clock.monotonic() - started) * 1e6)
+        latency[i] += int((clock._mono0 + clock._elapsed - started) * 1e6)
 
     rate = _Rate(spec["arrival"]["rate"])
     poisson = spec["arrival"]["process"] == "poisson"

@@ -24,6 +24,7 @@ from heapq import heappush
 from typing import Any
 
 import greenlet
+from greenlet import getcurrent
 
 from stormguard.sim.engine import Engine
 from stormguard.testing import FakeClock
@@ -40,6 +41,9 @@ class SimClock(FakeClock):
     loop it is an error: time there moves only from event to event.
     """
 
+    #: only the engine's loop moves this clock (Engine.run may set its time directly)
+    _engine_owned = True
+
     def __init__(self, start: float = 1_700_000_040.0, *, monotonic_start: float = 0.0) -> None:
         super().__init__(start, monotonic_start=monotonic_start)
         self.engine: Engine | None = None
@@ -52,14 +56,12 @@ class SimClock(FakeClock):
         its wait, so its ``finally`` blocks run, at the current time; then the workers
         are dropped. Without this, the tasks of a run live as long as its clock."""
         if self.engine is not None:
-            self.engine._heap.clear()
-            self.engine._live = 0
+            self.engine._clear()
         for worker in self._workers:
             if worker and not worker.dead:  # started and suspended
                 worker.throw(greenlet.GreenletExit)
         if self.engine is not None:  # what the finally blocks scheduled will never run
-            self.engine._heap.clear()
-            self.engine._live = 0
+            self.engine._clear()
         self._workers.clear()
         self._idle.clear()
 
@@ -73,16 +75,39 @@ class SimClock(FakeClock):
 
     def sleep(self, seconds: float) -> None:
         main = self.main
-        me = greenlet.getcurrent()
+        me = getcurrent()
         eng = self.engine
         if main is None or me is main or eng is None:
             raise RuntimeError("SimClock.sleep: only a simulated task may sleep "
                                "(time moves from event to event)")
         # Engine._fire_later, inlined: this is the simulator's most frequent call
-        eng._live += 1
         eng._seq += 1
         heappush(eng._heap, (self._mono0 + self._elapsed + (seconds if seconds > 0.0 else 0.0),
-                             eng._seq, None, (me.switch, ())))
+                             eng._seq, me.switch, (), None))
+        main.switch()
+
+    def _sleep_in(self, lane: deque[Any], seconds: float) -> None:
+        """:meth:`sleep`, the wake-up scheduled through the engine's FIFO ``lane``
+        (``Engine._lane``): for waits of the same length again and again (a work step, a
+        dependency's latency), which then never enter the engine's heap behind the lane's
+        first. The same wake-up time and order as :meth:`sleep`."""
+        main = self.main
+        me = getcurrent()
+        eng = self.engine
+        if main is None or me is main or eng is None:
+            raise RuntimeError("SimClock.sleep: only a simulated task may sleep "
+                               "(time moves from event to event)")
+        when = self._mono0 + self._elapsed + (seconds if seconds > 0.0 else 0.0)
+        # Engine._fire_in, inlined
+        eng._seq += 1
+        if not lane:
+            entry = (when, eng._seq, me.switch, (), lane)
+            lane.append(entry)
+            heappush(eng._heap, entry)
+        elif lane[-1][0] <= when:
+            lane.append((when, eng._seq, me.switch, (), lane))
+        else:  # out of order for the lane: on the heap alone
+            heappush(eng._heap, (when, eng._seq, me.switch, (), None))
         main.switch()
 
 
@@ -186,15 +211,17 @@ class Gauge:
     the sum of areas divided by its length (Little's law measured, not assumed).
     """
 
-    __slots__ = ("_clock", "_last", "_res", "area", "peak", "value")
+    __slots__ = ("_clock", "_last", "_li", "_res", "_top", "area", "peak", "value")
 
     def __init__(self, clock: FakeClock, buckets: int, resolution: float) -> None:
         self._clock = clock
         self._res = resolution
         self._last = 0.0
+        self._li = 0  # int(_last / _res), kept with _last
         self.value = 0
         self.area = [0.0] * buckets
         self.peak = [0] * buckets
+        self._top = buckets - 1
 
     def _flush(self, now: float) -> None:
         last, res, value = self._last, self._res, self.value
@@ -211,21 +238,26 @@ class Gauge:
                 last = end
                 i += 1
         self._last = now
+        self._li = int(now / res)
 
     def add(self, delta: int) -> None:
-        now = self._clock.monotonic()
-        last, res = self._last, self._res
-        i = int(now / res)
-        top = len(self.peak) - 1
-        i = min(i, top)
-        li = int(last / res)
-        if li == i or (i == top and li > top):  # the common case: the same bucket
-            self.area[i] += self.value * (now - last)
+        clock = self._clock
+        now = clock._mono0 + clock._elapsed  # clock.monotonic(), inlined (twice a request)
+        li = self._li
+        i = int(now / self._res)
+        if i == li:  # the common case: the same bucket as the last change
+            top = self._top
+            i = i if i <= top else top  # past the last bucket: it holds the rest of the run
+            self.area[i] += self.value * (now - self._last)
             self._last = now
         else:
-            self._flush(now)
-        self.value += delta
-        self.peak[i] = max(self.peak[i], self.value)
+            self._flush(now)  # (the same sum as above when both are past the last bucket)
+            top = self._top
+            i = i if i <= top else top
+        value = self.value = self.value + delta
+        peak = self.peak
+        if value > peak[i]:  # noqa: PLR1730 -- max() is a call, twice per request
+            peak[i] = value
 
     def close(self, now: float) -> None:
         """Account the level up to ``now`` (the end of the run)."""

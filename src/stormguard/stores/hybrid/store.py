@@ -442,12 +442,14 @@ class HybridStore(Store):
         if (rule.algorithm in _WINDOWS and e.expires and now < e.expires
                 and 2 * e.granted >= rule._algo.B and rule._algo.B - rem <= e.granted):
             return rem
-        if rule.algorithm == "sliding_window_counter" or 2 * self._peers > rule._algo.B:
+        if rule.algorithm != "fixed_window" or 2 * self._peers > rule._algo.B:
             # (no floor for a limit under two units per process: a key spread thin, whose
             # demand in one round says little of the next; a unit it took and does not
-            # spend is one another process is denied. Nor for the sliding window counter:
-            # the busy processes would empty the window early, and the outage parts the
-            # others measure at their last reply of it would overstate theirs)
+            # spend is one another process is denied. Fixed windows only: on a sliding
+            # window counter the busy processes would empty the window early, and the
+            # outage parts the others measure at their last reply of it would overstate
+            # theirs; the buckets' leases are void after two rounds, and a larger one
+            # strands more when the demand moves)
             return rem // self._peers
         return max(rem // self._peers, min(rem, int(e.rate * interval_us)))
 

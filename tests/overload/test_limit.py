@@ -278,22 +278,64 @@ def test_a_limit_that_learnt_at_no_load_never_probes() -> None:
         assert not limit.probing
 
 
-def test_probes_stop_for_good_and_never_reach_the_floor() -> None:
-    """Started in overload: probes at most 3/4 below the limit, never to min, and they
-    stop once one finds no lower latency."""
+def test_probes_stop_for_good_and_give_back_what_cost_throughput() -> None:
+    """Started in overload on four cores: each probe halves the limit at most; one that
+    finds a lower latency at a lower throughput (fewer than the cores busy) gives the
+    limit back instead of keeping it; they stop once one finds no lower latency, and the
+    limit ends where the four cores are used with at most one more request each."""
     limit = AdaptiveLimit(initial=40, max=1000)
-    now = 0.0
-    probes = []
-    last_probe = 0
-    for w in range(300):
-        for i in range(20):
-            limit.sample(0.01 * max(1.0, limit.limit / 4), now + i * 0.005, limit.limit)
-        now += 0.1
-        if limit.probing:
-            probes.append(limit.limit)
-            assert limit.limit >= int(limit._limit * 0.25)
-            assert limit.limit > limit.min
-            last_probe = w
+    probes: list[int] = []
+    seen = shared_core(limit, 30.0, costs=(0.010,), cores=4, probes=probes)
     assert probes
-    assert last_probe < 200  # then never again
-    assert 4 <= limit.limit <= 8
+    assert limit._probe_at is None  # then never again
+    assert min(seen[20:]) >= 4, seen
+    assert max(seen[20:]) <= 8, seen
+
+
+def shared_core(limit: AdaptiveLimit, seconds: float, costs: tuple[float, ...] = (
+        0.020, 0.005, 0.010, 0.015), step: float = 0.001, cores: int = 1,
+        probes: list[int] | None = None) -> list[int]:
+    """``cores`` cores shared by every request in flight (processor sharing, as the GIL
+    shares one), an endless queue in front (overload), each request admitted while fewer
+    than ``limit.limit`` are in flight; a request's latency is what it really took, from
+    its admission, so one admitted before the limit moved finishes at the old
+    concurrency. Answers the limit every 100 ms (and appends the limit of every probing
+    step to ``probes``)."""
+    flight: list[list[float]] = []  # [cpu left, started, in flight at start, cost]
+    now, seen, n, next_seen = 0.0, [], 0, 0.1
+    while now < seconds:
+        admitted = []
+        while len(flight) < limit.limit:
+            cost = costs[n % len(costs)]
+            n += 1
+            admitted.append([cost, now, 0, cost])
+            flight.append(admitted[-1])
+        for req in admitted:  # those admitted at one instant started together
+            req[2] = len(flight)
+        share = step * min(1.0, cores / len(flight))
+        now += step
+        if probes is not None and limit.probing:
+            probes.append(limit.limit)
+        for req in flight:
+            req[0] -= share
+        for req in [r for r in flight if r[0] <= 1e-12]:
+            flight.remove(req)
+            limit.sample(now - req[1], now, int(req[2]), f"{req[3]}")
+        if now >= next_seen:
+            seen.append(limit.limit)
+            next_seen += 0.1
+    return seen
+
+
+def test_a_cold_start_finds_one_in_flight_when_requests_outlast_a_window() -> None:
+    """At 20 in flight a 20 ms request takes ~250 ms, longer than a 100 ms window: the
+    requests that finish in a probe's window were admitted before it, at the old
+    concurrency, and say nothing of the lower limit; only the requests admitted within
+    the probe tell whether the baseline was a loaded one. Within 3 s the limit is at 1
+    to 2 and stays there."""
+    limit = AdaptiveLimit()
+    seen = shared_core(limit, 8.0)
+    assert min(seen[:30]) <= 2, seen
+    tail = seen[30:]
+    assert max(tail) <= 3, seen
+    assert sum(1 for x in tail if x <= 2) >= 0.9 * len(tail), seen

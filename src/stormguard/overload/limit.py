@@ -40,15 +40,19 @@ loaded latency until the gradient reads 1 and its queue allowance adds ``sqrt(li
 every window (``tests/overload/test_limit.py`` runs both through that scenario).
 
 A limit that starts under overload learns a loaded baseline: no request it sees ran at
-no load. So unless the baselines were measured with one request in flight, the fifth
-window is a **probe**: the limit is lowered, for one window in which it does not grow, to
-half the concurrency at which the baseline was measured (and half the last probe),
-never below a quarter of itself. If latency falls with it (some route's baseline
-drops by 5 % or more), the baseline was a loaded one: probes go on every 3 windows until
-one finds nothing, and then stop for good. A probe costs at most 3/4 of the slots for
-one window (about 100 ms), and goes to the floor (``min``) only when the baseline was
-measured one above it (on one CPU-bound core, a baseline learnt at 2 in flight is twice
-the real one, and only a window at 1 tells).
+no load. So unless the baselines were measured with one request in flight, it does not
+grow on them, and the second window is a **probe**: the limit is lowered to half the
+concurrency at which the baseline was measured (and half the last probe), never below a
+quarter of itself, for one window in which it does not grow and which counts only the
+requests admitted within it (a request admitted before ran at the old concurrency, and
+at 20 in flight a 20 ms request outlasts a 100 ms window). If latency falls with it
+(some route's baseline drops by 5 % or more), the baseline was a loaded one: if as many
+requests finished per second in the probe as before it (90 %: one shared core, where
+the concurrency above the probe's only queued), the limit stays at the probe's, else it
+goes back; probes go on, one every other window, until one finds nothing, and then stop
+for good. A probe costs at most 3/4 of the slots for one window, and goes to the floor
+(``min``) only when the baseline was measured one above it (on one CPU-bound core, a
+baseline learnt at 2 in flight is twice the real one, and only a window at 1 tells).
 """
 
 from __future__ import annotations
@@ -66,11 +70,15 @@ MAX_KEYS = 256
 _RATIO_CAP = 10.0
 #: the most one window may take off the limit (x 0.5)
 SHRINK_FLOOR = 0.5
-#: probe windows: the limit x 0.5, at window 5, then every 3 while a probe finds a lower
-#: baseline (the one learnt was measured under load); stopped by the first that does not
+#: probe windows: the limit x 0.5, at window 2, then every other window while a probe finds
+#: a lower baseline (the one learnt was measured under load); stopped by the first that
+#: does not
 PROBE = 0.5
-FIRST_PROBE = 5
-PROBE_EVERY = 3
+#: a probe that found a lower baseline with at least this share of the throughput before
+#: it keeps its limit (the concurrency above it only queued)
+PROBE_KEEP = 0.9
+FIRST_PROBE = 2
+PROBE_EVERY = 1
 #: latency at least 1 + SHARED x (concurrency - 1) times the minimum: the requests in flight
 #: share one resource (no parallel speed-up), so the limit steps down by one
 SHARED = 0.75
@@ -106,6 +114,7 @@ class AdaptiveLimit:
         "_alone_ratios",
         "_base_in_flight",
         "_baseline",
+        "_done",
         "_grow_after",
         "_limit",
         "_lowered",
@@ -113,7 +122,9 @@ class AdaptiveLimit:
         "_n",
         "_probe_at",
         "_probe_limit",
+        "_probe_start",
         "_probing",
+        "_rate_before",
         "_ratios",
         "_since",
         "_sum",
@@ -162,6 +173,9 @@ class AdaptiveLimit:
         self._windows = 0
         self._probe_at: int | None = FIRST_PROBE
         self._probing = False
+        self._probe_start = 0.0  # requests admitted before it do not count in a probe
+        self._done = 0  # requests finished in this window, counted or not
+        self._rate_before = 0.0  # finished per second in the last window before a probe
         self._lowered = False
         self._probe_limit = math.inf  # each probe goes to half the last one
         self._base_in_flight = 0  # in flight when the latest baseline was measured
@@ -191,6 +205,10 @@ class AdaptiveLimit:
         this sample closed a window (the limit may have moved), else None."""
         if not rtt > 0 or not math.isfinite(rtt):
             return None  # a zero or broken measurement says nothing about queueing
+        self._done += 1
+        if self._probing and now - rtt < self._probe_start:
+            return None  # admitted before the probe lowered the limit: it ran at the old
+            # concurrency and says nothing of the new one (a request can outlast a window)
         base = self._baseline
         b = base.get(key)
         if b is None:
@@ -230,6 +248,10 @@ class AdaptiveLimit:
         return self._update(now)
 
     def _update(self, now: float) -> float:
+        since = self._since
+        span = now - since if since is not None else 0.0
+        rate = self._done / span if span > 0 else 0.0  # finished per second
+        self._done = 0
         ratios = sorted(self._ratios)
         mean = ratios[len(ratios) // 2]  # the median: one GC pause is not a queue
         self._ratios.clear()
@@ -256,7 +278,10 @@ class AdaptiveLimit:
             limit = min(limit, shared) - 1.0
             self._grow_after = self._windows + SHARED_HOLD
         elif mean <= 1.0 + (tol - 1.0) / 2 and 2 * self._max_in_flight >= limit \
-                and not self._probing and self._windows >= self._grow_after:
+                and not self._probing and self._windows >= self._grow_after \
+                and (self._probe_at is None or self._base_in_flight <= 1):
+            # (not on baselines measured under load that a probe has yet to check: near
+            # such a baseline is no evidence of no queue, and growth only adds to it)
             limit += 1.0 if limit < 10 else math.sqrt(limit)
         self._limit = min(float(self.max), max(float(self.min), limit))
         self._since = now
@@ -266,18 +291,32 @@ class AdaptiveLimit:
         self._sum_in_flight = 0
         self._sum_rtt = self._sum_base = 0.0
         self._windows += 1
+        self._probes(now, rate)
+        self._lowered = False
+        return mean
+
+
+    def _probes(self, now: float, rate: float) -> None:
+        """After a window (``rate``: requests finished per second in it): end a probe,
+        or start the next one when it is due."""
         if self._probing:  # found a lower baseline: it was a loaded one, look again later
+            if self._lowered and rate >= PROBE_KEEP * self._rate_before:
+                # and as many finished per second at the probe's limit (one shared core):
+                # the concurrency above it was only queueing, so stay there
+                self._limit = min(self._limit, float(self.limit))
             self._probing = False
             self._probe_at = self._windows + PROBE_EVERY if self._lowered else None
-        elif self._probe_at is not None and self._windows >= self._probe_at:
+        else:
+            self._rate_before = rate
+        if not self._probing and self._probe_at is not None \
+                and self._windows >= self._probe_at:
             if self._base_in_flight <= 1:  # the baselines were measured alone: no need
                 self._probe_at = None
             else:  # below the last probe and where the baseline was measured, not below 1/4
                 self._probing = True
+                self._probe_start = now
                 self._probe_limit = max(0.25 * self._limit, PROBE * min(
                     self._limit, self._probe_limit, float(self._base_in_flight)))
-        self._lowered = False
-        return mean
 
     def _little(self, now: float) -> float:
         """The window's mean concurrency by Little's law: its requests' summed latency

@@ -116,7 +116,7 @@ def test_a_slot_freed_on_the_waiters_loop_resumes_it_in_the_next_round() -> None
         held = s.try_acquire(CRITICAL)
         assert isinstance(held, Ticket)
         waiter = asyncio.create_task(s.acquire_async(CRITICAL))
-        await asyncio.sleep(0)  # it waits for the slot
+        await asyncio.sleep(0)  # one loop iteration (no time passes): it waits for the slot
         assert s.waiting == 1
         threadsafe = loop.call_soon_threadsafe
 
@@ -127,7 +127,7 @@ def test_a_slot_freed_on_the_waiters_loop_resumes_it_in_the_next_round() -> None
         loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
         try:
             s.release(held)
-            await asyncio.sleep(0)  # one round
+            await asyncio.sleep(0)  # one loop iteration (no time passes)
         finally:
             del loop.call_soon_threadsafe
         done = waiter.done()

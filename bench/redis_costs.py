@@ -148,11 +148,14 @@ def main() -> None:
                 backend.sync_many([(f"fill:{j}:{i}", r1, 1, FORCED) for i in range(256)], 0, 4096)
             seq = backend.sync_many([("x", r1, 0, 0)], 0, 4096)[1]
             assert seq is not None
+            # the sequence number counts bytes: every entry here is as long (a hashed key)
+            entry = seq[0] // (16 * 256)
             for batch in (0, *BATCHES):
                 meter.reset()
                 calls = max(1, n // max(1, batch) // 4)
                 for _ in range(calls):
-                    backend.sync_many([("x", r1, 0, 0)], seq[0] - batch, 4096)
+                    got = backend.sync_many([("x", r1, 0, 0)], seq[0] - batch * entry, 4096)
+                    assert got[1] is not None and len(got[1][1]) == batch, (batch, got[1])
                 usec, c, _ = meter.read()
                 t = usec / max(1, c)
                 reads[batch] = min(reads.get(batch, t), t)

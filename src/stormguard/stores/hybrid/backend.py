@@ -380,10 +380,13 @@ class RedisBackend(Backend):
         last = len(groups) - 1
         for g, group in enumerate(groups):
             keys = [self.redis.key(k, r) for k, r, _, _ in group]
-            b = board if g == last else ""
+            # every batch posts the keys it exhausts; the last one reads the board too
+            # (the earlier ones run before it: it reads their posts)
+            b = board if g == last or not board else board.partition(" ")[0] + " 0"
             if b:
                 prefix = self.redis.prefix
-                keys += [f"{prefix}:hybrid.board", f"{prefix}:hybrid.board.seq"]
+                # (a string of entries and its length ever: not the list of "hybrid.board")
+                keys += [f"{prefix}:hybrid.log", f"{prefix}:hybrid.log.seq"]
             args: list[str | int] = [self._now(), len(group), b, slack]
             for _, rule, want, least in group:
                 args += self._rule(rule)
@@ -397,13 +400,26 @@ class RedisBackend(Backend):
         return [(int(reply[1 + 4 * i]), int(reply[2 + 4 * i]), int(reply[3 + 4 * i]),
                  int(reply[4 + 4 * i]), now) for i in range(n)]
 
-    def _board_of(self, reply: Any, n: int) -> BoardRead:
+    def _board_of(self, reply: Any, n: int, cap: int) -> BoardRead:
+        """The board's sequence number and its entries in the reply: one string of
+        ``<until_us> <key>`` entries each ended by byte 255 (lease.lua), the last
+        ``cap`` of them kept. An entry that does not parse (the start of a board that was
+        lost and made anew) is skipped."""
         at = 1 + 4 * n
         entries = []
-        for raw in reply[at + 1:]:
-            text = raw.decode() if isinstance(raw, bytes) else str(raw)
-            until, _, bid = text.partition(" ")
-            entries.append((int(until), bid))
+        if len(reply) > at + 1:
+            raw = reply[at + 1]
+            blob = raw if isinstance(raw, bytes) else str(raw).encode("utf-8", "surrogateescape")
+            for item in blob.split(b"\xff"):
+                until, _, bid = item.partition(b" ")
+                if not bid or not until.isdigit():
+                    continue
+                try:
+                    entries.append((int(until), bid.decode()))
+                except UnicodeDecodeError:
+                    continue
+            if len(entries) > cap:
+                del entries[:len(entries) - cap]
         self.board_reads += len(entries)
         return int(reply[at]), entries
 
@@ -489,7 +505,7 @@ class RedisBackend(Backend):
             else:
                 out += self._grants(reply, n)
                 if board and i == len(commands) - 1:
-                    read = self._board_of(reply, n)
+                    read = self._board_of(reply, n, int(board.rpartition(" ")[2]))
         return out, read
 
     def lease_many(self, requests: Sequence[LeaseRequest]) -> list[Grant | StorageError]:

@@ -14,16 +14,23 @@
 -- The same counters, in the same format, as the rate-limit script: direct checks and
 -- leases on one key see each other.
 -- The board: a key whose counter a lease or a forced add exhausts (a check of cost 1 would
--- be denied after it, and was admitted before) is appended as "<until_us> <key>" (until:
--- when a check of cost 1 would pass again), capped at the capacity; the reply carries the
--- entries appended since the caller's last sequence number (at most the capacity).
+-- be denied after it, and was admitted before) is appended as "<until_us> <key>\255"
+-- (until: when a check of cost 1 would pass again; byte 255 ends an entry: it is never
+-- part of UTF-8 text) to one string, its sequence number the bytes ever appended (a
+-- byte offset). The reply carries the bytes appended since the caller's last sequence
+-- number as one string (at most about the capacity's entries, whole entries only): one
+-- bulk reply, not a Lua string per entry, which made reading the board the largest cost
+-- of a sync round behind a random balancer. The string keeps the last BOARD_KEEP bytes
+-- once it outgrows BOARD_MAX.
 -- Returns {now_us, then per lease: granted, remaining after, reset_us, retry_us, then,
--- with a board: its sequence number and the entries}.
+-- with a board: its sequence number and the entries' string}.
 local now = now_us(ARGV[1])
 local n = tonumber(ARGV[2])
 local out = {now}
 local posts = {}
 local FW = {}  -- per window length W: {window, "window ", its end, TTL ms}
+-- the board: bytes read per entry of the capacity; the string's most and what it keeps
+local BOARD_ENTRY, BOARD_MAX, BOARD_KEEP = 128, 1048576, 524288
 
 -- a forced add: the state after `add` more units, whatever the limit (the formulas of
 -- the algorithms' decide, without the check); fixed_window, the common case, inline below
@@ -105,7 +112,7 @@ for i = 1, n do
     if rem < 1 then
       retry = e - t
       if was >= 1 then
-        posts[#posts + 1] = fmt(now + retry) .. ' ' .. key
+        posts[#posts + 1] = fmt(now + retry) .. ' ' .. key .. '\255'
       end
     end
   elseif min < 0 then
@@ -120,7 +127,7 @@ for i = 1, n do
     if ok then
       retry = 0
     elseif ok0 then
-      posts[#posts + 1] = fmt(now + retry) .. ' ' .. key
+      posts[#posts + 1] = fmt(now + retry) .. ' ' .. key .. '\255'
     end
   else
     local A = ALGOS[code]
@@ -153,7 +160,7 @@ for i = 1, n do
       if rem < 1 then  -- this lease took the last unit: on the board
         local ok1, _, _, _, r1 = A.decide(A.load(key, now, N, W), now, N, W, B, 1, false)
         if not ok1 then
-          posts[#posts + 1] = fmt(now + r1) .. ' ' .. key
+          posts[#posts + 1] = fmt(now + r1) .. ' ' .. key .. '\255'
         end
       end
     end
@@ -172,25 +179,42 @@ if ARGV[3] ~= '' then
   since, cap = tonumber(since), tonumber(cap)
   local bkey, skey = KEYS[n + 1], KEYS[n + 2]
   local seq = tonumber(redis.call('GET', skey) or '0')
+  local size
   if #posts > 0 then
-    redis.call('RPUSH', bkey, unpack(posts))
-    redis.call('LTRIM', bkey, -cap, -1)
-    seq = redis.call('INCRBY', skey, #posts)
+    local text = table.concat(posts)
+    size = redis.call('APPEND', bkey, text)
+    seq = redis.call('INCRBY', skey, #text)
+    if size > BOARD_MAX then  -- keep the last BOARD_KEEP bytes, from an entry's start
+      local tail = redis.call('GETRANGE', bkey, size - BOARD_KEEP, -1)
+      local cut = string.find(tail, '\255', 1, true) or #tail
+      tail = string.sub(tail, cut + 1)
+      redis.call('SET', bkey, tail)
+      size = #tail
+    end
     redis.call('PEXPIRE', bkey, 600000)
     redis.call('PEXPIRE', skey, 600000)
   end
-  local k = seq - since
-  if since < 0 or k < 0 then  -- a first sync, or a board lost (a restarted server)
-    k = seq
-  end
-  if k > cap then
-    k = cap
-  end
   out[#out + 1] = seq
-  if k > 0 then
-    local entries = redis.call('LRANGE', bkey, -k, -1)
-    for e = 1, #entries do
-      out[#out + 1] = entries[e]
+  if cap > 0 and since ~= seq then
+    size = size or redis.call('STRLEN', bkey)
+    local base = seq - size  -- the sequence number of the string's first byte
+    local from = since
+    if since < base or since > seq then  -- a first sync, a reader left behind, a lost board
+      from = base
+    end
+    local most = seq - cap * BOARD_ENTRY
+    local whole = true
+    if from < most then
+      from = most
+      whole = false
+    end
+    if from < seq then
+      local text = redis.call('GETRANGE', bkey, from - base, -1)
+      if not whole then  -- cut inside an entry: from the next one on
+        local cut = string.find(text, '\255', 1, true) or #text
+        text = string.sub(text, cut + 1)
+      end
+      out[#out + 1] = text
     end
   end
 end

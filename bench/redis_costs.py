@@ -155,7 +155,8 @@ def main() -> None:
                 calls = max(1, n // max(1, batch) // 4)
                 for _ in range(calls):
                     got = backend.sync_many([("x", r1, 0, 0)], seq[0] - batch * entry, 4096)
-                    assert got[1] is not None and len(got[1][1]) == batch, (batch, got[1])
+                    assert got[1] is not None
+                    assert len(got[1][1]) == batch, (batch, got[1])
                 usec, c, _ = meter.read()
                 t = usec / max(1, c)
                 reads[batch] = min(reads.get(batch, t), t)

@@ -90,9 +90,12 @@ REDIS_WAIT_MS = 1.25  # mean of the modelled 0.5-2 ms round trip
 #: pipeline, ``usec`` of SET) on a new key, on a key present (then charged by the script
 #: in the next round: an "owe_key" more), measured by the same script on 2026-12-01
 #: 15:10 UTC (``--n 2000 --repeat 5``, the minimum of 5 runs).
+#: "board_read" since the board became one string (lease.lua): 0.331 x 0.338 / 0.673, the
+#: ratio of the two formats measured side by side by the same script on 2026-12-01
+#: 22:55 UTC (``--n 2000 --repeat 3``, the list 0.673 µs per entry, the string 0.338).
 REDIS_COSTS: dict[str, float] = {
     "direct_cold": 14.60, "direct_hot": 15.14, "script": 9.88, "lease_key": 4.85,
-    "owe_key": 3.48, "post": 0.96, "board_read": 0.331,
+    "owe_key": 3.48, "post": 0.96, "board_read": 0.166,
     "native_new": 0.90, "native_present": 0.44,
 }
 

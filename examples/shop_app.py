@@ -6,7 +6,8 @@ Run it:   SHOP_PROTECTION=adaptive uvicorn examples.shop_app:app --no-access-log
           "shed-all" (a calibration: every request is shed);
           SHOP_TOLERANCE, SHOP_LIMIT_MIN: another AdaptiveLimit tolerance, floor;
           SHOP_LIMIT: the same tiers under a fixed limit; SHOP_CRITICAL_WAIT: the critical
-          tier's queue_timeout (0.25 s); SHOP_SWITCH_INTERVAL: the GIL's (0.0001 s);
+          tier's queue_timeout (0.25 s); SHOP_DEGRADED_WAIT, SHOP_SHEDDABLE_WAIT: the
+          others' (0.05 s); SHOP_SWITCH_INTERVAL: the GIL's (0.0001 s);
           SHOP_TRACE=1: record every request's timings, GET /trace; SHOP_BURNERS=k:
           k threads burning CPU)
 Load it:  python bench/overload.py
@@ -53,8 +54,9 @@ FIXED_LIMIT = 8
 #: the critical requests later than 50 ms after their arrival (bench/overload.py prints
 #: that ceiling)
 QUEUE_TIMEOUT: dict[str, float] = {"critical": 0.25, "degraded": 0.05, "sheddable": 0.05}
-if os.environ.get("SHOP_CRITICAL_WAIT"):
-    QUEUE_TIMEOUT["critical"] = float(os.environ["SHOP_CRITICAL_WAIT"])
+for _tier in QUEUE_TIMEOUT:
+    if os.environ.get(f"SHOP_{_tier.upper()}_WAIT"):
+        QUEUE_TIMEOUT[_tier] = float(os.environ[f"SHOP_{_tier.upper()}_WAIT"])
 
 
 def burn(seconds: float) -> None:

@@ -19,9 +19,8 @@
 -- part of UTF-8 text) to one string, its sequence number the bytes ever appended (a
 -- byte offset). The reply carries the bytes appended since the caller's last sequence
 -- number as one string (at most about the capacity's entries, whole entries only): one
--- bulk reply, not a Lua string per entry, which made reading the board the largest cost
--- of a sync round behind a random balancer. The string keeps the last BOARD_KEEP bytes
--- once it outgrows BOARD_MAX.
+-- bulk reply, not a Lua string per entry from a list, which cost twice the Redis time
+-- per entry read. The string keeps the last BOARD_KEEP bytes once it outgrows BOARD_MAX.
 -- Returns {now_us, then per lease: granted, remaining after, reset_us, retry_us, then,
 -- with a board: its sequence number and the entries' string}.
 local now = now_us(ARGV[1])

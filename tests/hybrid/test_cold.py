@@ -247,7 +247,7 @@ def test_forced_adds_and_the_board_on_redis(redis_url: str, clock: FakeClock,
     opts = {"sync_interval": None, "clock": clock, "time_source": "client", "timeout": 1.0,
             "cold_allowance": 1}
     a, b, c = (HybridStore(redis_url, **opts) for _ in range(3))  # type: ignore[arg-type]
-    direct = RedisStore(redis_url, clock=clock, time_source="client")
+    direct = RedisStore(redis_url, clock=clock, time_source="client", timeout=1.0)
     try:
         for m in (a, b, c):
             m.sync()
@@ -375,7 +375,7 @@ def test_native_forced_adds_on_redis_share_the_counter(redis_url: str, clock: Fa
     opts = {"sync_interval": None, "clock": clock, "time_source": "client", "timeout": 1.0,
             "cold_allowance": 1}
     a, b, c = (HybridStore(redis_url, **opts) for _ in range(3))  # type: ignore[arg-type]
-    direct = RedisStore(redis_url, clock=clock, time_source="client")
+    direct = RedisStore(redis_url, clock=clock, time_source="client", timeout=1.0)
     try:
         for m in (a, b, c):
             m.sync()
@@ -436,7 +436,7 @@ def test_a_native_add_on_a_full_window_is_not_charged_again(redis_url: str,
     opts = {"sync_interval": None, "clock": clock, "time_source": "client", "timeout": 1.0,
             "cold_allowance": 1}
     a, b, c = (HybridStore(redis_url, **opts) for _ in range(3))  # type: ignore[arg-type]
-    direct = RedisStore(redis_url, clock=clock, time_source="client")
+    direct = RedisStore(redis_url, clock=clock, time_source="client", timeout=1.0)
     try:
         for m in (a, b, c):
             m.sync()
@@ -528,7 +528,7 @@ def test_native_adds_can_be_turned_off(redis_url: str, clock: FakeClock) -> None
                         clock=clock, time_source="client")
     assert isinstance(p, HybridStore)
     assert p.native_adds is False
-    direct = RedisStore(redis_url, clock=clock, time_source="client")
+    direct = RedisStore(redis_url, clock=clock, time_source="client", timeout=1.0)
     try:
         p.sync()
         assert p.hit("off", rule).allowed
@@ -584,7 +584,7 @@ def test_native_forced_adds_on_server_time(redis_url: str) -> None:
     rule = Rule(5, 60, algorithm="fixed_window")
     opts = {"sync_interval": None, "timeout": 1.0, "cold_allowance": 1}
     a, b = (HybridStore(redis_url, **opts) for _ in range(2))  # type: ignore[arg-type]
-    direct = RedisStore(redis_url)
+    direct = RedisStore(redis_url, timeout=1.0)
     try:
         into = time.time() % 60  # (loopback: the server's clock is this machine's)
         if not 0.5 < into < 58.0:

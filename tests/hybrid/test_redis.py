@@ -23,7 +23,7 @@ def test_leases_and_direct_checks_share_one_counter(redis_url: str, clock: FakeC
                                                     algorithm: str) -> None:
     rule = Rule(50, 60, algorithm=algorithm)
     a = hybrid(redis_url, clock)
-    direct = RedisStore(redis_url, clock=clock, time_source="client")
+    direct = RedisStore(redis_url, clock=clock, time_source="client", timeout=1.0)
     try:
         got = 0
         for _ in range(20):
@@ -76,7 +76,8 @@ def test_cluster_sync_is_one_round_trip_per_master(cluster_url: str, clock: Fake
 def test_shards_spread_one_key_over_the_masters(cluster_url: str, clock: FakeClock) -> None:
     rule = Rule(3000, 60, algorithm="fixed_window")
     members = [hybrid(cluster_url, clock, shards=6) for _ in range(6)]
-    direct = RedisClusterStore(cluster_url, clock=clock, time_source="client")
+    direct = RedisClusterStore(cluster_url, clock=clock, time_source="client",
+                               timeout=1.0)
     try:
         nodes = {direct.node_for(f"api\x00{i}", members[0]._shard_rule(rule, i))
                  for i in range(6)}
@@ -114,7 +115,7 @@ def test_backend_down_then_back(clock: FakeClock) -> None:
             clock.advance(0.01)
         for m in members:
             m.sync()
-        used = RedisStore(server.url, clock=clock, time_source="client")
+        used = RedisStore(server.url, clock=clock, time_source="client", timeout=1.0)
         before = 800 - used.peek("k", rule).remaining
         used.close()
         server.stop()  # SIGKILL
@@ -138,7 +139,7 @@ def test_backend_down_then_back(clock: FakeClock) -> None:
         assert not any(m.stats()["degraded"] for m in members)
         transitions = [e.degraded for e in events if isinstance(e, HybridDegraded)]
         assert transitions == [True, False]
-        check = RedisStore(server.url, clock=clock, time_source="client")
+        check = RedisStore(server.url, clock=clock, time_source="client", timeout=1.0)
         try:
             # what was admitted on the outage shares is charged to the (fresh) counter; the
             # leases spent meanwhile were paid on the server before it died
@@ -176,7 +177,7 @@ def test_asyncio_api_on_redis(redis_url: str) -> None:
     stats = asyncio.run(main())
     assert stats["syncs"] >= 1
     assert stats["local_decisions"] > 0
-    direct = RedisStore(redis_url)
+    direct = RedisStore(redis_url, timeout=1.0)
     try:
         assert direct.peek("k", rule).remaining == 0
     finally:

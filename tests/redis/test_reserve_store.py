@@ -103,7 +103,7 @@ def test_reservations_are_atomic_across_connections(redis_url: str) -> None:
 
 
 def test_server_time_reservation(redis_url: str) -> None:
-    store = RedisStore(redis_url)
+    store = RedisStore(redis_url, timeout=1.0)
     rule = Rule(10, 1.0, "gcra", burst=1)
     first, second = store.reserve("srv", rule), store.reserve("srv", rule)
     assert first.ok

@@ -58,7 +58,8 @@ async def test_control_plane_writes_reach_a_password_protected_redis(
         kind: str, request: pytest.FixtureRequest) -> None:
     url = _url(kind, request)
     prefix = f"sg-{kind}"
-    apps = [create_app(AsyncRateLimiter(url), RULES, admin_token=TOKEN, rules_url=url,
+    limiter_url = f"{url}?timeout=1"  # a loaded CI machine: no spurious 50 ms timeouts
+    apps = [create_app(AsyncRateLimiter(limiter_url), RULES, admin_token=TOKEN, rules_url=url,
                        rules_prefix=prefix, poll_interval=0) for _ in range(2)]
     for app in apps:
         await app.state.service.start()

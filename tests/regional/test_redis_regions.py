@@ -218,7 +218,8 @@ def test_partition_over_real_links_stays_within_the_limit_then_heals(
 def test_a_scaled_rule_on_redis_uses_its_own_limit_and_the_same_counters(
         net: Net, clock: FakeClock) -> None:
     net.flush()
-    store = RedisStore(net.servers["us"].url, time_source="client", clock=clock)
+    store = RedisStore(net.servers["us"].url, time_source="client", clock=clock,
+                       timeout=1.0)
     try:
         full = Rule(100, 60, algorithm="fixed_window")
         small = full.with_limit(10)

@@ -300,7 +300,8 @@ async def test_two_instances_share_counters_and_rules_on_redis(redis_url: str) -
     pytest.importorskip("stormguard.stores.redis")
     rules = [{"name": "shared", "scope": "user", "limit": 3, "window": 60,
               "algorithm": "fixed_window"}]
-    apps = [create_app(AsyncRateLimiter(redis_url), rules, admin_token=TOKEN,
+    limiter_url = f"{redis_url}?timeout=1"  # a loaded CI machine: no spurious 50 ms timeouts
+    apps = [create_app(AsyncRateLimiter(limiter_url), rules, admin_token=TOKEN,
                        rules_url=redis_url, poll_interval=0.02) for _ in range(2)]
     for app in apps:
         await app.state.service.start()

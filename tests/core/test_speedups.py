@@ -57,7 +57,7 @@ def test_status_is_reported() -> None:
     assert _speedups.STATUS.startswith(("compiled", "pure Python ("))
     assert _speedups.compiled() == _speedups.STATUS.startswith("compiled")
     for name in _speedups.COMPILED_MODULES:
-        origin = sys.modules[name].__file__ or ""
+        origin = importlib.import_module(name).__file__ or ""
         assert origin.endswith(".py") != _speedups.compiled(), (origin, _speedups.STATUS)
     assert PURE is not algorithms
     assert sys.modules["stormguard.ratelimit.algorithms"] is algorithms
@@ -150,6 +150,44 @@ def test_pure_python_store_decides_like_this_process() -> None:
     assert allowed > 1000
     assert denied > 1000
     assert evicted > 100
+
+
+_SIM = """
+import json, sys
+import stormguard._speedups as sp, stormguard.sim.model as m
+from stormguard.sim.salenight import scenarios
+from stormguard.sim.scenario import from_dict
+out = {}
+for name in ("slow_dependency", "breaker", "bulkhead", "with_budget"):
+    data = scenarios()[name]
+    data["duration"] = 12
+    data["measure"] = {"start": 2, "end": 12}
+    r = m.run(from_dict(data))
+    out[name] = {"counts": r.series.counts, "events": r.events,
+                 "busy": {k: [g.area, g.peak] for k, g in r.busy.items()},
+                 "transitions": r.transitions}
+print(json.dumps({"status": sp.STATUS, "file": m.__file__, "out": out}, sort_keys=True))
+"""
+
+
+def test_pure_python_simulator_runs_like_this_process() -> None:
+    """Four sale-night scenarios (slow dependency, breaker, bulkhead, retry budget) give
+    the same counts, levels, breaker transitions and events in a child running what this
+    process runs (the compiled simulator on the compiled build) and in a child forced to
+    pure Python."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    runs = []
+    for pure in ("1", os.environ.get("STORMGUARD_PURE", "")):
+        child = subprocess.run([sys.executable, "-c", _SIM], capture_output=True, text=True,
+                               env={**env, "STORMGUARD_PURE": pure}, check=True, timeout=300)
+        runs.append(json.loads(child.stdout))
+    pure_run, this_run = runs
+    assert pure_run["file"].endswith("model.py")
+    assert this_run["file"].endswith(".py") != _speedups.compiled(), this_run
+    assert this_run["out"] == pure_run["out"]
+    counts = this_run["out"]["bulkhead"]["counts"]
+    assert sum(counts["orders:success"]) > 1000  # the runs did work
+    assert this_run["out"]["breaker"]["transitions"]  # and the breaker opened
 
 
 def test_child_process_really_runs_pure_python() -> None:

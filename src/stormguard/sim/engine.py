@@ -149,18 +149,18 @@ class Engine:
         self._seq += 1
         heapq.heappush(self._heap, (handle.when, self._seq, handle, None, None))
 
-    def call_at(self, when: float, fn: Callable[..., object], *args: Any) -> Handle:
+    def call_at(self, when: object, fn: Callable[..., object], *args: Any) -> Handle:
         """Run ``fn(*args)`` at virtual time ``when`` (at once if that is past)."""
-        when = validate.number("when", when, minimum=None)
+        at = validate.number("when", when, minimum=None)
         now = self.clock.monotonic()
-        handle = Handle(self, when if when > now else now, fn, args)
+        handle = Handle(self, at if at > now else now, fn, args)
         self._push(handle)
         return handle
 
-    def call_later(self, delay: float, fn: Callable[..., object], *args: Any) -> Handle:
+    def call_later(self, delay: object, fn: Callable[..., object], *args: Any) -> Handle:
         """Run ``fn(*args)`` ``delay`` virtual seconds from now (``delay >= 0``)."""
-        delay = validate.number("delay", delay, allow_zero=True)
-        handle = Handle(self, self.clock.monotonic() + delay, fn, args)
+        seconds = validate.number("delay", delay, allow_zero=True)
+        handle = Handle(self, self.clock.monotonic() + seconds, fn, args)
         self._push(handle)
         return handle
 
@@ -182,34 +182,32 @@ class Engine:
         self._seq += 1
         heapq.heappush(self._heap, (self.clock.monotonic(), self._seq, fn, args, None))
 
-    def every(self, interval: float, fn: Callable[..., object], *args: Any,
-              start: float | None = None) -> Handle:
+    def every(self, interval: object, fn: Callable[..., object], *args: Any,
+              start: object = None) -> Handle:
         """Run ``fn(*args)`` every ``interval`` seconds, first at ``start`` (default: one
         interval from now), until the returned handle is cancelled.
 
         The n-th run is due at ``start + n * interval`` exactly (no drift).
         """
-        interval = validate.number("interval", interval)
+        period = validate.number("interval", interval)
         now = self.clock.monotonic()
         if start is None:
-            first = now + interval
+            first = now + period
         else:
             first = validate.number("start", start, minimum=None)
             first = max(first, now)
-        handle = Handle(self, first, fn, args, interval)
+        handle = Handle(self, first, fn, args, period)
         self._push(handle)
         return handle
 
-    def run(self, until: float | None = None) -> None:
+    def run(self, until: object = None) -> None:
         """Run events in time order until none are left, or up to virtual time ``until``
         (events due at ``until`` run; the clock is then left at ``until``).
 
         An exception raised by an event propagates; that event is consumed, the others
         stay scheduled, and ``run`` may be called again.
         """
-        if until is not None:
-            until = validate.number("until", until, minimum=None)
-        limit = math.inf if until is None else until
+        limit = math.inf if until is None else validate.number("until", until, minimum=None)
         heap = self._heap
         pop, push = heapq.heappop, heapq.heappush
         clock = self.clock
@@ -251,8 +249,8 @@ class Engine:
                 handle.when = handle._start + handle._n * interval
                 self._push(handle)
             handle._fn(*handle._args)
-        if until is not None and until > clock.monotonic():
-            clock._advance_to(until)
+        if limit != math.inf and limit > clock.monotonic():
+            clock._advance_to(limit)
 
     def __repr__(self) -> str:
         return f"<Engine now={self.now!r} pending={self.pending}>"

@@ -35,6 +35,9 @@ MODULES = {
     "stormguard.ratelimit.algorithms.buckets": "src/stormguard/ratelimit/algorithms/buckets.py",
     "stormguard.ratelimit.algorithms": "src/stormguard/ratelimit/algorithms/__init__.py",
     "stormguard.stores.memory": "src/stormguard/stores/memory.py",
+    # FakeClock: the simulator's clock (SimClock) is a compiled subclass, so the engine and
+    # the simulated threads read and move its time without a dictionary lookup
+    "stormguard.testing.clock": "src/stormguard/testing/clock.py",
     # the simulator's engine, simulated threads and model (`stormguard simulate`): a
     # fifth fewer instructions per simulated request (docs/performance.md)
     "stormguard.sim.engine": "src/stormguard/sim/engine.py",

@@ -45,6 +45,7 @@ COMPILED_MODULES = (
     "stormguard.ratelimit.algorithms.buckets",
     "stormguard.ratelimit.algorithms",
     "stormguard.stores.memory",
+    "stormguard.testing.clock",
     "stormguard.sim.engine",
     "stormguard.sim.runtime",
     "stormguard.sim.model",

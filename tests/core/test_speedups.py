@@ -347,3 +347,41 @@ def test_memory_store_can_be_subclassed(argv: list[str]) -> None:
                          text=True, env=env, check=True, timeout=60).stdout.splitlines()
     assert out[0] == _speedups.STATUS
     assert out[1] == "[True, True, False] 3 1"
+
+
+CLOCK_SUBCLASS = """
+import sys
+if "block" in sys.argv:
+    sys.modules["mypy_extensions"] = None  # as if it were not installed
+from stormguard import _speedups
+from stormguard.testing import FakeClock
+import stormguard.testing.clock as module
+
+class Stepping(FakeClock):
+    '''A user's clock: every read moves it on by a millisecond.'''
+
+    reads = 0
+
+    def monotonic(self):
+        self.reads += 1
+        self.advance(0.001)
+        return super().monotonic()
+
+clock = Stepping(monotonic_start=0.0)
+clock.label = "mine"  # a Python subclass keeps its instance dictionary
+print(_speedups.STATUS)
+print(module.__file__.endswith(".py"), [round(clock.monotonic(), 3) for _ in range(3)],
+      clock.reads, clock.label, isinstance(clock, FakeClock))
+"""
+
+
+@pytest.mark.parametrize("argv", [[], ["block"]])
+def test_fake_clock_can_be_subclassed(argv: list[str]) -> None:
+    """FakeClock is compiled with the hot path (the simulator's clock is its compiled
+    subclass); a Python subclass still overrides its methods and keeps attributes of its
+    own, with or without mypy_extensions at run time."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    out = subprocess.run([sys.executable, "-c", CLOCK_SUBCLASS, *argv], capture_output=True,
+                         text=True, env=env, check=True, timeout=60).stdout.splitlines()
+    assert out[0] == _speedups.STATUS
+    assert out[1] == f"{not _speedups.compiled()} [0.001, 0.002, 0.003] 3 mine True"

@@ -1,34 +1,36 @@
-"""Public testing helpers: a clock you control, and an event loop that runs on it.
+"""FakeClock: a clock that only moves when told to (re-exported by :mod:`stormguard.testing`).
 
-:class:`FakeClock` only moves when told to. Threads use :meth:`FakeClock.sleep`
-(it advances the clock at once); asyncio code runs on the clock's own event loop,
-:meth:`FakeClock.run`, whose time *is* the clock and which jumps the clock to the
-next timer whenever every task is waiting (Trio's ``MockClock`` autojump). So
-``asyncio.sleep``, ``asyncio.timeout``, ``loop.call_later`` and every stormguard
-timer run in virtual time::
-
-    clock = FakeClock()
-    clock.run(Timeout(30.0, clock=clock).acall(asyncio.sleep, 60))
-    # DeadlineExceeded after exactly 30 virtual seconds, a few real milliseconds
+Compiled with mypyc with the hot path's group (``hatch_build.py``): the simulator's
+engine and simulated threads read and move this clock on every event, and a compiled
+class's attributes are read without a dictionary lookup. Open to subclasses written in
+Python (``allow_interpreted_subclasses``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import math
-import selectors
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from stormguard._core import validate
+from stormguard.testing.loop import VirtualEventLoop, _cancel_all_tasks
 
-__all__ = ["FakeClock", "VirtualEventLoop"]
+_C = TypeVar("_C")
+
+try:
+    from mypy_extensions import mypyc_attr
+except ImportError:  # not a runtime dependency: only the compiler reads the decorator
+
+    def mypyc_attr(*attrs: str, **kwattrs: object) -> Callable[[_C], _C]:
+        return lambda cls: cls
+
+__all__ = ["FakeClock"]
 
 T = TypeVar("T")
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled, it stays open to subclasses
 class FakeClock:
     """A clock that only moves when told to.
 
@@ -46,7 +48,7 @@ class FakeClock:
         # wall() = base + (_elapsed - since): exact right after set_wall(); one tuple, so a
         # reader in another thread never sees half of a set_wall()
         self._wall_at = (float(start), 0.0)
-        self._lock = threading.Lock()
+        self._lock: threading.Lock = threading.Lock()
         self.sleeps: list[float] = []
         """Every duration passed to ``sleep``/``asleep``, in order."""
 
@@ -129,73 +131,3 @@ class FakeClock:
 
     def __repr__(self) -> str:
         return f"FakeClock(wall={self.wall()!r}, monotonic={self.monotonic()!r})"
-
-
-class VirtualEventLoop(asyncio.SelectorEventLoop):
-    """An asyncio loop whose ``time()`` is ``clock.monotonic()`` and which autojumps.
-
-    Before each iteration with no callback ready, it polls the selector without
-    blocking (real I/O and wake-ups from other threads come first); if still nothing
-    is ready, it moves the clock to the earliest timer that is not cancelled, so
-    that timer is due at once. A ready callback is never skipped: time only moves
-    when every task waits. ``autojump_threshold`` (real seconds, default 0) first
-    waits that long for real I/O, for loops that also talk to real sockets or
-    threads while timers are pending. With no timer at all it waits for I/O as
-    any loop does.
-    """
-
-    def __init__(self, clock: FakeClock, *, autojump_threshold: float = 0.0) -> None:
-        super().__init__(selectors.DefaultSelector())
-        self.clock = clock
-        try:
-            self.autojump_threshold = validate.number("autojump_threshold", autojump_threshold,
-                                                      allow_zero=True)
-        except BaseException:
-            self.close()
-            raise
-
-    def time(self) -> float:
-        return self.clock.monotonic()
-
-    def _run_once(self) -> None:
-        if not self._ready and not self._stopping:  # type: ignore[attr-defined]
-            self._autojump()
-        super()._run_once()  # type: ignore[misc]
-
-    def _poll(self, timeout: float) -> bool:
-        """Process the I/O events of the next ``timeout`` real seconds; True if any."""
-        self._process_events(self._selector.select(timeout))  # type: ignore[attr-defined]
-        return bool(self._ready)  # type: ignore[attr-defined]
-
-    def _autojump(self) -> None:
-        if self._poll(0) or (self.autojump_threshold and self._poll(self.autojump_threshold)):
-            return
-        scheduled: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]
-        # drop cancelled timers from the head, with CPython's own bookkeeping
-        while scheduled and scheduled[0].cancelled():
-            self._timer_cancelled_count -= 1  # type: ignore[attr-defined]
-            heapq.heappop(scheduled)._scheduled = False  # type: ignore[attr-defined]
-        if scheduled:
-            when = scheduled[0].when()
-            if when > self.clock.monotonic():
-                self.clock._advance_to(when)
-
-    def __repr__(self) -> str:
-        return f"VirtualEventLoop({self.clock!r})"
-
-
-def _cancel_all_tasks(loop: asyncio.AbstractEventLoop) -> None:
-    """What :func:`asyncio.run` does with the tasks left when the main one ends."""
-    tasks = asyncio.all_tasks(loop)
-    if not tasks:
-        return
-    for task in tasks:
-        task.cancel()
-    loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-    for task in tasks:
-        if task.cancelled():
-            continue
-        if task.exception() is not None:
-            loop.call_exception_handler({
-                "message": "unhandled exception during FakeClock.run() shutdown",
-                "exception": task.exception(), "task": task})

@@ -45,10 +45,35 @@ from stormguard.testing import FakeClock
 
 __all__ = ["Engine", "Handle"]
 
-#: a heap entry: (time, sequence, handle, None, None) for the public calls; (time,
-#: sequence, fn, args, lane) for the simulator's own events, never cancelled (no handle
-#: to allocate); ``lane`` is None or the FIFO lane holding the entry (see Engine._lane)
-_Entry = tuple[float, int, Any, "tuple[Any, ...] | None", "deque[Any] | None"]
+class _Event:
+    """A heap entry, ordered by (time, sequence): ``fn`` is the :class:`Handle` and
+    ``args`` None for the public calls; for the simulator's own events (never cancelled:
+    no handle to allocate) ``fn(*args)`` runs. ``lane`` is None or the FIFO lane holding
+    the entry (see :meth:`Engine._lane`).
+
+    Compared by ``__lt__`` alone (what ``heapq`` uses): compiled, two typed fields,
+    instead of a tuple's item-by-item equality and order tests through the object
+    protocol (a tenth of a simulated request's instructions, callgrind)."""
+
+    __slots__ = ("args", "fn", "lane", "seq", "when")
+
+    def __init__(self, when: float, seq: int, fn: Any, args: tuple[Any, ...] | None,
+                 lane: deque[_Event] | None) -> None:
+        self.when = when
+        self.seq = seq
+        self.fn = fn
+        self.args = args
+        self.lane = lane
+
+    def __lt__(self, other: _Event) -> bool:
+        # sequence numbers are unique: no two entries are ever equal
+        return self.when < other.when or (self.when == other.when and self.seq < other.seq)
+
+    def __repr__(self) -> str:
+        return f"<_Event at {self.when!r} #{self.seq}>"
+
+
+_Entry = _Event
 
 
 class Handle:
@@ -147,7 +172,7 @@ class Engine:
 
     def _push(self, handle: Handle) -> None:
         self._seq += 1
-        heapq.heappush(self._heap, (handle.when, self._seq, handle, None, None))
+        heapq.heappush(self._heap, _Event(handle.when, self._seq, handle, None, None))
 
     def call_at(self, when: object, fn: Callable[..., object], *args: Any) -> Handle:
         """Run ``fn(*args)`` at virtual time ``when`` (at once if that is past)."""
@@ -169,18 +194,19 @@ class Engine:
         path (``delay`` already a float >= 0)."""
         handle = Handle(self, self.clock.monotonic() + delay, fn, args)
         self._seq += 1
-        heapq.heappush(self._heap, (handle.when, self._seq, handle, None, None))
+        heapq.heappush(self._heap, _Event(handle.when, self._seq, handle, None, None))
         return handle
 
     def _fire_later(self, delay: float, fn: Callable[..., object], *args: Any) -> None:
         """Run ``fn(*args)`` ``delay`` (a float >= 0) from now; no handle, no cancel."""
         self._seq += 1
-        heapq.heappush(self._heap, (self.clock.monotonic() + delay, self._seq, fn, args, None))
+        heapq.heappush(self._heap, _Event(self.clock.monotonic() + delay, self._seq, fn, args,
+                                          None))
 
     def _fire_now(self, fn: Callable[..., object], *args: Any) -> None:
         """Run ``fn(*args)`` now, after the events already due now; no handle."""
         self._seq += 1
-        heapq.heappush(self._heap, (self.clock.monotonic(), self._seq, fn, args, None))
+        heapq.heappush(self._heap, _Event(self.clock.monotonic(), self._seq, fn, args, None))
 
     def every(self, interval: object, fn: Callable[..., object], *args: Any,
               start: object = None) -> Handle:
@@ -215,26 +241,27 @@ class Engine:
         # a clock only this loop moves, monotonic() == _elapsed: moved by one write
         direct = getattr(clock, "_engine_owned", False) and clock._mono0 == 0.0
         while heap:
-            entry = pop(heap)
-            when = entry[0]
+            entry: _Event = pop(heap)
+            when = entry.when
             if when > limit:
                 push(heap, entry)  # the same (time, sequence): its place is unchanged
                 break
-            lane = entry[4]
+            lane = entry.lane
             if lane is not None:  # the first of its lane: the next one takes its place
                 lane.popleft()
                 if lane:
                     push(heap, lane[0])
-            args = entry[3]
+            args = entry.args
             if args is not None:  # the simulator's own event: nothing to cancel or repeat
                 if direct:
                     if when > clock._elapsed:  # noqa: PLR1730 -- max() is a call per event
                         clock._elapsed = when
                 elif when > monotonic():
                     advance_to(when)
-                entry[2](*args)
+                fn = entry.fn  # a local: `entry.fn(...)` would be looked up by name
+                fn(*args)
                 continue
-            handle: Handle = entry[2]
+            handle: Handle = entry.fn
             if handle.cancelled:
                 self._dead -= 1
                 self._gone += 1
@@ -248,7 +275,8 @@ class Engine:
                 handle._n += 1
                 handle.when = handle._start + handle._n * interval
                 self._push(handle)
-            handle._fn(*handle._args)
+            fn = handle._fn
+            fn(*handle._args)
         if limit != math.inf and limit > clock.monotonic():
             clock._advance_to(limit)
 

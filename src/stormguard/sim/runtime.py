@@ -26,7 +26,7 @@ from typing import Any
 import greenlet
 from greenlet import getcurrent
 
-from stormguard.sim.engine import Engine
+from stormguard.sim.engine import Engine, _Event
 from stormguard.testing import FakeClock
 
 __all__ = ["Gauge", "Pool", "PoolFull", "Series", "SimClock", "Waiter", "new_engine", "spawn",
@@ -48,6 +48,11 @@ class SimClock(FakeClock):
         super().__init__(start, monotonic_start=monotonic_start)
         self.engine: Engine | None = None
         self.main: greenlet.greenlet | None = None
+        #: ``main.switch`` (set by :func:`new_engine`): a task's way back to the engine,
+        #: the bound method made once instead of looked up at every wait
+        self._to_main: Callable[..., Any] | None = None
+        #: each worker's ``switch``, made once: the wake-up a waiting task schedules
+        self._wakes: dict[greenlet.greenlet, Callable[..., Any]] = {}
         self._idle: list[greenlet.greenlet] = []  # worker greenlets waiting for a task
         self._workers: list[greenlet.greenlet] = []  # every worker made
 
@@ -64,6 +69,7 @@ class SimClock(FakeClock):
             self.engine._clear()
         self._workers.clear()
         self._idle.clear()
+        self._wakes.clear()
 
     def _advance_to(self, when: float) -> None:
         # the engine's loop is the only writer (one thread): no lock needed
@@ -73,42 +79,50 @@ class SimClock(FakeClock):
             while self._mono0 + self._elapsed < when:
                 self._elapsed = math.nextafter(self._elapsed, math.inf)
 
+    def _wake_of(self, me: greenlet.greenlet) -> Callable[..., Any]:
+        """``me.switch``, the bound method made once per worker (a task started by
+        :func:`start`); made anew for any other greenlet."""
+        wake = self._wakes.get(me)
+        return me.switch if wake is None else wake
+
     def sleep(self, seconds: float) -> None:
-        main = self.main
+        to_main = self._to_main
         me = getcurrent()
         eng = self.engine
-        if main is None or me is main or eng is None:
+        if to_main is None or me is self.main or eng is None:
             raise RuntimeError("SimClock.sleep: only a simulated task may sleep "
                                "(time moves from event to event)")
         # Engine._fire_later, inlined: this is the simulator's most frequent call
         eng._seq += 1
-        heappush(eng._heap, (self._mono0 + self._elapsed + (seconds if seconds > 0.0 else 0.0),
-                             eng._seq, me.switch, (), None))
-        main.switch()
+        heappush(eng._heap, _Event(self._mono0 + self._elapsed
+                                   + (seconds if seconds > 0.0 else 0.0),
+                                   eng._seq, self._wake_of(me), (), None))
+        to_main()
 
-    def _sleep_in(self, lane: deque[Any], seconds: float) -> None:
+    def _sleep_in(self, lane: deque[_Event], seconds: float) -> None:
         """:meth:`sleep`, the wake-up scheduled through the engine's FIFO ``lane``
         (``Engine._lane``): for waits of the same length again and again (a work step, a
         dependency's latency), which then never enter the engine's heap behind the lane's
         first. The same wake-up time and order as :meth:`sleep`."""
-        main = self.main
+        to_main = self._to_main
         me = getcurrent()
         eng = self.engine
-        if main is None or me is main or eng is None:
+        if to_main is None or me is self.main or eng is None:
             raise RuntimeError("SimClock.sleep: only a simulated task may sleep "
                                "(time moves from event to event)")
         when = self._mono0 + self._elapsed + (seconds if seconds > 0.0 else 0.0)
+        wake = self._wake_of(me)
         # Engine._fire_in, inlined
         eng._seq += 1
         if not lane:
-            entry = (when, eng._seq, me.switch, (), lane)
+            entry = _Event(when, eng._seq, wake, (), lane)
             lane.append(entry)
             heappush(eng._heap, entry)
-        elif lane[-1][0] <= when:
-            lane.append((when, eng._seq, me.switch, (), lane))
+        elif lane[-1].when <= when:
+            lane.append(_Event(when, eng._seq, wake, (), lane))
         else:  # out of order for the lane: on the heap alone
-            heappush(eng._heap, (when, eng._seq, me.switch, (), None))
-        main.switch()
+            heappush(eng._heap, _Event(when, eng._seq, wake, (), None))
+        to_main()
 
 
 def new_engine() -> tuple[Engine, SimClock]:
@@ -116,7 +130,8 @@ def new_engine() -> tuple[Engine, SimClock]:
     clock = SimClock()
     eng = Engine(clock)
     clock.engine = eng
-    clock.main = greenlet.getcurrent()
+    clock.main = main = greenlet.getcurrent()
+    clock._to_main = main.switch
     return eng, clock
 
 
@@ -127,12 +142,13 @@ def _worker(clock: SimClock, fn: Callable[..., object], args: tuple[Any, ...]) -
     finished worker waits in its clock's idle list for the next task.
     """
     me = greenlet.getcurrent()
-    idle, main = clock._idle, clock.main
-    assert main is not None
+    clock._wakes[me] = me.switch
+    idle, to_main = clock._idle, clock._to_main
+    assert to_main is not None
     while True:
         contextvars.Context().run(fn, *args)
         idle.append(me)
-        fn, args = main.switch()
+        fn, args = to_main()
 
 
 def start(clock: SimClock, fn: Callable[..., object], *args: Any) -> None:

@@ -73,8 +73,6 @@ class _Event:
         return f"<_Event at {self.when!r} #{self.seq}>"
 
 
-_Entry = _Event
-
 
 class Handle:
     """A scheduled event (or, for :meth:`Engine.every`, a repeating series of them).
@@ -122,13 +120,13 @@ class Engine:
             raise TypeError(f"clock: must be a stormguard.testing.FakeClock "
                             f"(got {type(clock).__name__})")
         self.clock = clock
-        # The sequence number of an entry (_Entry) is unique: tuples never compare past
-        # it. Every entry takes a new sequence number, so the counts below need no update
-        # per event.
-        self._heap: list[_Entry] = []
+        # The sequence number of an entry (_Event) is unique: no two entries compare
+        # equal. Every entry takes a new sequence number, so the counts below need no
+        # update per event.
+        self._heap: list[_Event] = []
         # FIFO lanes: entries appended in (time, sequence) order, only each lane's first
         # entry in the heap (a smaller heap: fewer comparisons per event, the same order)
-        self._lanes: list[deque[_Entry]] = []
+        self._lanes: list[deque[_Event]] = []
         self._seq = 0  # entries ever made
         self._dead = 0  # cancelled handles still in the heap
         self._gone = 0  # entries removed without running (cancelled, or cleared)
@@ -160,13 +158,13 @@ class Engine:
             lane.clear()
         self._dead = 0
 
-    def _lane(self) -> deque[_Entry]:
+    def _lane(self) -> deque[_Event]:
         """A new FIFO lane, for events scheduled in time order (the same delay from now,
         again and again; ``SimClock._sleep_in``). Its user makes ``(when, seq, fn, args,
         lane)`` with a new ``seq`` and appends it when ``when`` is not before the lane's
         last entry's (pushing it on the heap too if the lane was empty), else pushes it
         with lane None on the heap: the run order is the one the heap alone would give."""
-        lane: deque[_Entry] = deque()
+        lane: deque[_Event] = deque()
         self._lanes.append(lane)
         return lane
 

@@ -51,10 +51,10 @@ class SimClock(FakeClock):
         #: ``main.switch`` (set by :func:`new_engine`): a task's way back to the engine,
         #: the bound method made once instead of looked up at every wait
         self._to_main: Callable[..., Any] | None = None
-        #: each worker's ``switch``, made once: the wake-up a waiting task schedules
+        #: every worker made, with its ``switch`` made once: the wake-up a waiting task
+        #: schedules
         self._wakes: dict[greenlet.greenlet, Callable[..., Any]] = {}
         self._idle: list[greenlet.greenlet] = []  # worker greenlets waiting for a task
-        self._workers: list[greenlet.greenlet] = []  # every worker made
 
     def stop_tasks(self) -> None:
         """End every task still waiting (the run is over): each gets ``GreenletExit`` at
@@ -62,14 +62,13 @@ class SimClock(FakeClock):
         are dropped. Without this, the tasks of a run live as long as its clock."""
         if self.engine is not None:
             self.engine._clear()
-        for worker in self._workers:
+        for worker in list(self._wakes):
             if worker and not worker.dead:  # started and suspended
                 worker.throw(greenlet.GreenletExit)
         if self.engine is not None:  # what the finally blocks scheduled will never run
             self.engine._clear()
-        self._workers.clear()
-        self._idle.clear()
         self._wakes.clear()
+        self._idle.clear()
 
     def _advance_to(self, when: float) -> None:
         # the engine's loop is the only writer (one thread): no lock needed
@@ -159,8 +158,7 @@ def start(clock: SimClock, fn: Callable[..., object], *args: Any) -> None:
         idle.pop().switch(fn, args)
         return
     worker = greenlet.greenlet(_worker, parent=clock.main)
-    clock._workers.append(worker)
-    worker.switch(clock, fn, args)
+    worker.switch(clock, fn, args)  # _worker enters itself in clock._wakes first
 
 
 def spawn(eng: Engine, clock: SimClock, fn: Callable[..., object], *args: Any) -> None:

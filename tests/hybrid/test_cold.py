@@ -391,7 +391,11 @@ def test_native_forced_adds_on_redis_share_the_counter(redis_url: str, clock: Fa
         assert direct.peek("nat", rule).remaining == 2
         # c's reply: 1 used + c's unit owed = 2 of 3, one left: c still admits... on a lease
         for m in (b, c):
-            m.sync()  # the script charges what the native add found present
+            m.sync()  # the script charges what the native add found present (close to
+            # the limit: 1 left after the units, under half of it; the script posts the
+            # key those units exhaust in the same round)
+        assert (b._b.native_appends, c._b.native_appends) == (0, 0)
+        assert (b._b.owe_keys, c._b.owe_keys) == (1, 1)
         assert direct.peek("nat", rule).remaining == 0
         assert not direct.hit("nat", rule).allowed  # a direct check sees every charge
         a.sync()  # the last charge exhausted the key: on the board, a reads it
@@ -473,8 +477,8 @@ def test_a_native_add_on_a_full_window_on_a_memory_backend(clock: FakeClock) -> 
     assert p.hit("part", rule).allowed
     p.sync()
     assert p._b.native_present == 2
-    p.sync()  # only "part" is charged by the script
-    assert p._b.owe_keys == 1
+    p.sync()  # only "part" is charged, by the script (1 left after it: under half)
+    assert (p._b.native_appends, p._b.owe_keys) == (0, 1)
     assert backend.peek("part", rule).remaining == 1
     assert not p.hit("full", rule).allowed
 
@@ -498,6 +502,30 @@ def test_native_adds_keep_the_fleet_bound_on_a_memory_backend(clock: FakeClock) 
     assert sum(m._b.native_new + m._b.native_present for m in members) > 0
     assert all(n <= rule.limit + 1 * len(members) for n in admitted.values())
     assert max(admitted.values()) > rule.limit  # the allowance did admit past the limit
+
+
+def test_appends_on_a_memory_backend_keep_the_bound_and_post_what_they_exhaust(
+        clock: FakeClock) -> None:
+    # the emulation of the APPEND charge: a key present with half its limit or more left
+    # is charged natively; one an APPEND exhausts is posted by the next round
+    clock.set_wall(START + 0.05)
+    _, members = fleet(clock, 6, 1)
+    for m in members:
+        m._b.native = True
+    rule = Rule(6, 1, algorithm="fixed_window")
+    admitted = Counter[int]()
+    for _ in range(3):  # 3 windows: every process checks the key once a window (cold)
+        for m in members:
+            if m.hit("cold", rule).allowed:
+                admitted[int(clock.wall())] += 1
+        for _ in range(10):
+            clock.advance(0.1)
+            for m in members:
+                m.sync()
+    assert sum(m._b.native_appends for m in members) > 0
+    assert sum(m._b.late_posts for m in members) > 0  # keys APPENDs exhausted, posted
+    assert all(n <= rule.limit + 1 * len(members) for n in admitted.values()), admitted
+    assert all(n >= rule.limit for n in admitted.values())  # and the limit is reached
 
 
 def test_a_full_counter_reply_does_not_deny_what_the_process_holds_on_its_lease(

@@ -96,7 +96,7 @@ REDIS_WAIT_MS = 1.25  # mean of the modelled 0.5-2 ms round trip
 REDIS_COSTS: dict[str, float] = {
     "direct_cold": 14.60, "direct_hot": 15.14, "script": 9.88, "lease_key": 4.85,
     "owe_key": 3.48, "post": 0.96, "board_read": 0.166,
-    "native_new": 0.90, "native_present": 0.44,
+    "native_new": 0.90, "native_present": 0.44, "native_append": 0.87,
 }
 
 Balance = Literal["random", "sticky"]
@@ -404,7 +404,8 @@ def hybrid_parts(kinds: dict[str, int], costs: dict[str, float]) -> dict[str, fl
             "lease keys": kinds["lease_keys"] * costs["lease_key"],
             "forced adds": kinds["owe_keys"] * costs["owe_key"],
             "native adds": (kinds.get("native_new", 0) * costs["native_new"]
-                            + kinds.get("native_present", 0) * costs["native_present"]),
+                            + kinds.get("native_present", 0) * costs["native_present"]
+                            + kinds.get("native_appends", 0) * costs["native_append"]),
             "board posts": kinds["posts"] * costs["post"],
             "board reads": kinds["board_reads"] * costs["board_read"],
             "direct checks": kinds["direct"] * costs["direct_cold"]}
@@ -476,7 +477,7 @@ def simulate(  # noqa: PLR0915
         return servers[int(rng.random() * len(servers))]
 
     kind_names = ("scripts", "lease_keys", "owe_keys", "posts", "board_reads", "direct",
-                  "native_new", "native_present")
+                  "native_new", "native_present", "native_appends")
     # at the end of the first whole window: the counters so far (the warm-up)
     warm: dict[str, Any] = {}
 

@@ -22,19 +22,29 @@ limit``) travels as a *native* command in the round's pipeline instead of a key 
 script: ``SET key "<window> <want>" NX GET PX <ttl>``, the rate-limit script's own state.
 A new key (the common case of a cold key) is created with the units, charged exactly; a
 key present is left as it is and its reply says what it holds: the grant then has
-``granted = 0`` (not charged; the hybrid store charges it in its next round with the
-script, ``min = FORCED_SCRIPT``) and the key's remaining after the units owed, so a
-key those units exhaust is known at once. A key present whose window is full already
-(its count at the limit or past it) answers ``granted = want``, remaining 0: nothing is
-left to charge for, since a fixed window's count only grows until the window ends (no
-lease can take from it, every check is denied), so the units would change no decision
-(a script run saved per forced add on an over-limit key). The window is the server's
-(the offset of the last script reply's time); within ``NATIVE_MARGIN_US`` of a window's
-edge, or before any reply, the add goes in the script.
+``granted = 0`` (not charged; the hybrid store charges it in its next round, ``min =
+FORCED_PRESENT``, or ``FORCED_SCRIPT`` when they exhaust it: the script posts it in
+that round) and the key's remaining after the units owed, so a key those units exhaust
+is known at once. A key present whose window is full already (its count at the
+limit or past it) answers ``granted = want``, remaining 0: nothing is left to charge
+for, since a fixed window's count only grows until the window ends (no lease can take
+from it, every check is denied), so the units would change no decision. The window is
+the server's (the offset of the last script reply's time); within ``NATIVE_MARGIN_US``
+of a window's edge, or before any reply, the add goes in the script.
+
+The next round's charge of a key present is native too: ``APPEND key ";<window>
+<want>"``, ``PEXPIRE key <ttl>`` and ``GET key`` in the round's pipeline (about a
+fifth of the Redis time of a key of the script). A fixed window's state is thus
+``"<window> <used>"`` followed by any number of ``";<window> <units>"``: every script
+reads it with ``fwstate`` (lua/prelude.lua, :func:`fw_state` here), the units of the
+newest window summed, and writes it back folded. The reply of the GET says where the key
+stands; the state up to the APPEND's own reply (its length) says whether these units
+exhausted it: such a key is posted on the board by the next round's script (``min =
+POST``), one round later than a script's own forced add would post it.
 
 Each adapter also counts what its operations cost Redis, by kind (``scripts`` run,
-``lease_keys``, ``owe_keys``, ``native_new`` and ``native_present`` forced adds,
-``board_reads``, ``posts``, ``direct`` checks), as Redis would run them, whatever the
+``lease_keys``, ``owe_keys``, ``native_new``, ``native_present`` and ``native_appends``
+forced adds, ``board_reads``, ``posts``, ``direct`` checks), as Redis would run them, whatever the
 backend really is: the fleet simulation prices them (a backend made with
 ``native=True`` answers forced adds as the Redis one does, for the simulation).
 """
@@ -52,8 +62,8 @@ from stormguard._core.errors import StorageError
 from stormguard.ratelimit.rule import Rule
 from stormguard.stores.base import Store
 
-__all__ = ["FORCED", "FORCED_SCRIPT", "NATIVE_MARGIN_US", "Backend", "BoardRead", "Grant",
-           "LeaseRequest", "backend_for"]
+__all__ = ["FORCED", "FORCED_PRESENT", "FORCED_SCRIPT", "NATIVE_MARGIN_US", "POST", "Backend",
+           "BoardRead", "Grant", "LeaseRequest", "backend_for", "fw_state"]
 
 #: (backend key, rule, want, min)
 LeaseRequest = tuple[str, Rule, int, int]
@@ -65,15 +75,39 @@ BoardRead = tuple[int, list[tuple[int, str]]] | None
 
 _BATCH = 256  # leases per EVALSHA: a script runs alone on its server, keep each short
 FORCED = -1  # the `min` of a forced add
-FORCED_SCRIPT = -2  # a forced add that goes in the script (a native one found the key present)
+#: a forced add on a key a native add found present: natively an ``APPEND`` to its state
+FORCED_PRESENT = -2
+POST = -3  # the `min` of a post: no lease, the key onto the board until `want` (µs)
+#: a forced add in the script whatever the key (a native add found it present, and these
+#: units exhaust it: the script posts it in the same round)
+FORCED_SCRIPT = -4
 #: a native forced add only this far (µs) from the edges of the server's window
 NATIVE_MARGIN_US = 20_000
 
 
 def _native(rule: Rule, want: int, least: int) -> bool:
-    """A forced add that may travel as a native ``SET NX``: fixed window, and a new key
-    it cannot exhaust (nothing to post on the board)."""
-    return least == FORCED and rule.algorithm == "fixed_window" and want < rule._algo.N
+    """A forced add that may travel as native commands: fixed window, fewer units than
+    the limit (a ``SET NX`` cannot exhaust a new key: nothing to post on the board; an
+    ``APPEND`` that exhausts a key present is posted by the next round's script)."""
+    return (least in (FORCED, FORCED_PRESENT) and rule.algorithm == "fixed_window"
+            and want < rule._algo.N)
+
+
+def fw_state(text: str) -> tuple[int, int]:
+    """A fixed window's state on Redis, as ``fwstate`` in lua/prelude.lua reads it:
+    ``"<window> <used>"`` and any ``";<window> <units>"`` appended by native forced adds;
+    the newest window and the units counted in it. (-1, 0) when nothing parses."""
+    w, n = -1, 0
+    for part in text.split(";"):
+        a, _, b = part.partition(" ")
+        if not (a.isdigit() and b.isdigit()):
+            continue
+        x = int(a)
+        if x > w:
+            w, n = x, int(b)
+        elif x == w:
+            n += int(b)
+    return w, n
 
 
 class _Board:
@@ -122,7 +156,10 @@ class Backend:
     def __init__(self, store: Store, *, native: bool = False) -> None:
         self.store = store
         self.native = native  # forced adds answered as the Redis backend's native path
-        self.native_new = self.native_present = 0
+        self.native_new = self.native_present = self.native_appends = 0
+        # keys native appends exhausted, posted by the next round: (until µs, key, rule)
+        self._pending: list[tuple[int, str, Rule]] = []
+        self.late_posts = 0  # of those, posted (the round after the APPEND)
         self._trips = 0
         self.ops = 0
         """Counter operations on the backend: a lease or a direct check is one (a script
@@ -156,14 +193,25 @@ class Backend:
         self.owe_keys += owe
         self.lease_keys += n - owe
 
-    def _one_native(self, key: str, rule: Rule, want: int) -> Grant:
-        """A forced add as the Redis backend's native ``SET NX`` answers it."""
+    def _one_native(self, key: str, rule: Rule, want: int, least: int) -> Grant:
+        """A forced add as the Redis backend's native commands answer it: ``SET NX GET``
+        (``least`` FORCED), or ``APPEND`` (FORCED_PRESENT: charged, a key it exhausts
+        posted by the next round)."""
         store = self.store
         now = wall_us(store.clock)
         self.ops += 1
         w = rule._algo.W
         end = (now // w + 1) * w
         d = store.peek(key, rule, 1)
+        if least == FORCED_PRESENT:
+            self.native_appends += 1
+            was = d[2]
+            if was > 0:  # (as much as the counter can take: a memory counter stops there)
+                store.hit(key, rule, min(was, want))
+            left = was - want
+            if was >= 1 and left < 1 and self._board is not None and self.posting:
+                self._pending.append((end, key, rule))
+            return (want, max(0, left), end - now, end - now if left < 1 else 0, now)
         if d[2] >= rule._algo.N:  # a new key (nothing used in this window): created
             self.native_new += 1
             d = store.hit(key, rule, want)
@@ -173,6 +221,19 @@ class Backend:
             return (want, 0, end - now, end - now, now)
         left = d[2] - want
         return (0, max(0, left), end - now, end - now if left < 1 else 0, now)
+
+    def _flush_posts(self) -> None:
+        """The keys the last round's native appends exhausted, onto the board (on Redis:
+        keys of this round's script)."""
+        board = self._board
+        now = wall_us(self.store.clock)
+        for until, key, rule in self._pending:
+            if board is not None and until > now:
+                board.post(until, self.board_id(key, rule))
+                self.posts += 1
+                self.late_posts += 1
+                self.owe_keys += 1
+        self._pending.clear()
 
     @property
     def round_trips(self) -> int:
@@ -241,12 +302,14 @@ class Backend:
         native = self.native
         self._count([r for r in requests if not (native and _native(r[1], r[2], r[3]))],
                     True)
+        if self._pending and since is not None and requests:
+            self._flush_posts()
         out: list[Grant | StorageError] = []
         trips = self._trips
         for key, rule, want, least in requests:
             try:
                 if native and _native(rule, want, least):
-                    out.append(self._one_native(key, rule, want))
+                    out.append(self._one_native(key, rule, want, least))
                 else:
                     out.append(self._one(key, rule, want, least))
             except StorageError as exc:
@@ -438,16 +501,20 @@ class RedisBackend(Backend):
             self._offset = int(reply[0]) - sent
 
     def _split(self, requests: Sequence[LeaseRequest]
-               ) -> tuple[list[LeaseRequest], list[tuple[int, Any, int]]]:
+               ) -> tuple[list[LeaseRequest], list[tuple[int, list[Any], int]]]:
         """The requests for the script, and the native forced adds: (index in
-        ``requests``, command, the server's window end in µs)."""
+        ``requests``, its commands, the server's window end in µs). A forced add of a
+        key unknown is ``SET key "<window> <units>" NX GET PX <ttl>``; of a key a native
+        add found present, ``APPEND key ";<window> <units>"``, ``PEXPIRE key <ttl>`` (an
+        APPEND to a key gone since creates it without one) and ``GET key``."""
         if (not self.native or self._offset is None
                 or not any(_native(r, w, m) for _, r, w, m in requests)):
             return list(requests), []
         now = wall_us(self.store.clock) + self._offset
         script: list[LeaseRequest] = []
-        native: list[tuple[int, Any, int]] = []
+        native: list[tuple[int, list[Any], int]] = []
         slack = self.redis._slack_ms
+        command = self._command
         for i, req in enumerate(requests):
             key, rule, want, least = req
             w = rule._algo.W
@@ -461,38 +528,69 @@ class RedisBackend(Backend):
             # server's time may be early), as the rate-limit script's own TTL
             ttl = -(-(end - now) // 1000) + slack + NATIVE_MARGIN_US // 1000
             k = self.redis.key(key, rule)
-            native.append((i, self._command("SET", k, f"{now // w} {want}", "NX", "GET", "PX",
-                                              ttl, key=k), end))
+            if least == FORCED_PRESENT:
+                native.append((i, [command("APPEND", k, f";{now // w} {want}", key=k),
+                                   command("PEXPIRE", k, ttl, key=k),
+                                   command("GET", k, key=k)], end))
+            else:
+                native.append((i, [command("SET", k, f"{now // w} {want}", "NX", "GET", "PX",
+                                           ttl, key=k)], end))
         return script, native
 
     def _native_grants(self, requests: Sequence[LeaseRequest],
-                       native: list[tuple[int, Any, int]], replies: Sequence[Any]
+                       native: list[tuple[int, list[Any], int]], replies: Sequence[Any]
                        ) -> list[tuple[int, Grant | StorageError]]:
         offset = self._offset or 0
         now = wall_us(self.store.clock) + offset
         out: list[tuple[int, Grant | StorageError]] = []
-        for (i, _, end), reply in zip(native, replies, strict=True):
-            _, rule, want, _ = requests[i]
+        at = 0
+        for i, commands, end in native:
+            got = replies[at:at + len(commands)]
+            at += len(commands)
+            key, rule, want, least = requests[i]
             n = rule._algo.N
-            if isinstance(reply, BaseException):
-                out.append((i, reply if isinstance(reply, StorageError)
-                            else StorageError(str(reply))))
+            bad = next((r for r in got if isinstance(r, BaseException)), None)
+            if bad is not None:
+                out.append((i, bad if isinstance(bad, StorageError) else StorageError(str(bad))))
                 continue
             reset = max(0, end - now)
+            window = (end - 1) // rule._algo.W
+            if least == FORCED_PRESENT:  # APPEND, PEXPIRE, GET: charged
+                out.append((i, self._appended(key, rule, want, window, end, reset, now, got)))
+                continue
+            reply = got[0]
             if reply is None:  # a new key, created with the units
                 self.native_new += 1
                 out.append((i, (want, n - want, reset, 0, now)))
                 continue
             self.native_present += 1  # present: not charged; what it holds
-            text = reply.decode() if isinstance(reply, bytes) else str(reply)
-            win, _, used = text.partition(" ")
-            current = int(win) == (end - 1) // rule._algo.W
-            if current and int(used) >= n:  # full already: nothing left to charge for
+            win, used = fw_state(reply.decode() if isinstance(reply, bytes) else str(reply))
+            current = win == window
+            if current and used >= n:  # full already: nothing left to charge for
                 out.append((i, (want, 0, reset, reset, now)))
                 continue
-            left = n - int(used) - want if current else n - want
+            left = n - used - want if current else n - want
             out.append((i, (0, max(0, left), reset, reset if left < 1 else 0, now)))
         return out
+
+    def _appended(self, key: str, rule: Rule, want: int, window: int, end: int, reset: int,
+                  now: int, got: Sequence[Any]) -> Grant:
+        """The grant of a native APPEND: where the key stands (the GET), and whether these
+        units exhausted it (the state up to the APPEND's reply, its length: what other
+        processes appended after it does not count), then posted by the next round."""
+        self.native_appends += 1
+        n = rule._algo.N
+        raw = got[2]
+        text = raw.decode() if isinstance(raw, bytes) else str(raw or "")
+        win, used = fw_state(text)
+        left = n - used if win == window else n
+        size = int(got[0])
+        mine = f";{window} {want}"
+        upto = text[:size] if len(text) >= size and text[size - len(mine):size] == mine else text
+        w0, through = fw_state(upto)
+        if w0 == window and through >= n > through - want:
+            self._pending.append((end, key, rule))
+        return (want, max(0, left), reset, reset if left < 1 else 0, now)
 
     def _fold_replies(self, commands: list[tuple[Any, int]], replies: Sequence[Any],
                       board: str) -> tuple[list[Grant | StorageError], BoardRead]:
@@ -511,27 +609,48 @@ class RedisBackend(Backend):
     def lease_many(self, requests: Sequence[LeaseRequest]) -> list[Grant | StorageError]:
         return self.sync_many(requests, None, 0)[0]
 
-    def sync_many(self, requests: Sequence[LeaseRequest], since: int | None, cap: int
-                  ) -> tuple[list[Grant | StorageError], BoardRead]:
+    def _round(self, requests: Sequence[LeaseRequest], since: int | None, cap: int
+               ) -> tuple[str, list[LeaseRequest], list[tuple[int, list[Any], int]],
+                          list[tuple[Any, int]]]:
+        """A sync round's parts: the board argument, the requests for the script (the
+        posts of the last round's native appends first), the native adds, the scripts."""
         board = f"{since} {cap}" if since is not None and self.has_board and requests else ""
         script, native = self._split(requests)
-        commands = self._commands(script, board)
+        posts: list[LeaseRequest] = []
+        if board and self._pending:  # (the script writes posts only with a board)
+            posts = [(key, rule, until, POST) for until, key, rule in self._pending]
+            self._pending.clear()
+            self.posts += len(posts)
+            self.late_posts += len(posts)
+        commands = self._commands(posts + script, board)
         self.ops += len(requests)
-        self._count(script, not self.cluster)
+        self._count(posts + script, not self.cluster)
+        return board, posts + script, native, commands
+
+    def sync_many(self, requests: Sequence[LeaseRequest], since: int | None, cap: int
+                  ) -> tuple[list[Grant | StorageError], BoardRead]:
+        board, script, native, commands = self._round(requests, since, cap)
         sent = wall_us(self.store.clock)
         # one pipeline: the scripts and the native adds, one round trip per node
-        replies = self.transport.call_many([c for c, _ in commands] + [c for _, c, _ in native])
+        replies = self.transport.call_many([c for c, _ in commands]
+                                           + [c for _, cs, _ in native for c in cs])
         k = len(commands)
         if k:
             self._learn(replies[k - 1], sent)
         return self._merge(requests, script, native, commands, replies, board)
 
     def _merge(self, requests: Sequence[LeaseRequest], script: list[LeaseRequest],
-               native: list[tuple[int, Any, int]], commands: list[tuple[Any, int]],
+               native: list[tuple[int, list[Any], int]], commands: list[tuple[Any, int]],
                replies: Sequence[Any], board: str
                ) -> tuple[list[Grant | StorageError], BoardRead]:
         k = len(commands)
         out, read = self._fold_replies(commands, replies[:k], board)
+        posts = len(script) - (len(requests) - len(native))
+        if posts:  # the posts' own replies: none for the caller; a failed one is kept
+            for req, g in zip(script[:posts], out[:posts], strict=True):
+                if isinstance(g, StorageError):
+                    self._pending.append((req[2], req[0], req[1]))
+            del out[:posts]
         if not native:
             return out, read
         merged: list[Grant | StorageError | None] = [None] * len(requests)
@@ -555,11 +674,7 @@ class RedisBackend(Backend):
 
     async def async_sync_many(self, requests: Sequence[LeaseRequest], since: int | None,
                               cap: int) -> tuple[list[Grant | StorageError], BoardRead]:
-        board = f"{since} {cap}" if since is not None and self.has_board and requests else ""
-        script, native = self._split(requests)
-        commands = self._commands(script, board)
-        self.ops += len(requests)
-        self._count(script, not self.cluster)
+        board, script, native, commands = self._round(requests, since, cap)
 
         async def one(command: Any) -> Any:
             try:
@@ -570,7 +685,7 @@ class RedisBackend(Backend):
         sent = wall_us(self.store.clock)
         # concurrent acalls of one loop iteration leave in one write per server
         replies = list(await asyncio.gather(*(one(c) for c, _ in commands),
-                                            *(one(c) for _, c, _ in native)))
+                                            *(one(c) for _, cs, _ in native for c in cs)))
         k = len(commands)
         if k:
             self._learn(replies[k - 1], sent)

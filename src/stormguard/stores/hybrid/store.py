@@ -36,6 +36,7 @@ from stormguard.ratelimit.rule import Rule
 from stormguard.stores.base import Store, binding, check_cost, check_rules, key_error
 from stormguard.stores.hybrid.backend import (
     FORCED,
+    FORCED_PRESENT,
     FORCED_SCRIPT,
     Backend,
     BoardRead,
@@ -113,7 +114,7 @@ class _Entry:
         "key",
         "last_granted",
         "lease",
-        "oscript",
+        "omode",
         "owed",
         "owin",
         "rate",
@@ -150,7 +151,9 @@ class _Entry:
         self.aused = 0          # admitted on the cold allowance in window `awin`
         self.awin = -1
         self.owed = 0           # admitted on the cold allowance, not charged yet (window owin)
-        self.oscript = False    # charge it in the script (a native add found the key present)
+        # how to charge what is owed: FORCED, or after a native add found the key present
+        # FORCED_PRESENT (an APPEND) or, when those units exhaust it, FORCED_SCRIPT
+        self.omode = FORCED
         self.owin = -1
         self.last_granted = 0   # windows: what it took in the last whole window it leased in
         self.sole = False       # windows: and it alone took from the counter then (>= 2)
@@ -216,9 +219,9 @@ class HybridStore(Store):
       ``0`` (default): every unit is taken from the backend before it is spent.
     * ``board_size``: the board entries one round reads at most.
     * ``native_adds`` (default True): on Redis, a forced add on a fixed window travels as
-      a native ``SET NX GET`` in the round's pipeline (a key present is charged by the
-      script one round later); False: every forced add in the script, charged in its
-      round (less overshoot, more Redis time).
+      a native ``SET NX GET`` in the round's pipeline (a key present is charged one
+      round later, by a native ``APPEND`` to its state); False: every forced add in the
+      script, charged in its round (less overshoot, more Redis time).
 
     ``sliding_window_log`` is exact by definition: its checks always go to the backend.
     """
@@ -1226,9 +1229,9 @@ class HybridStore(Store):
             bkey, brule = self._backend_key(e.key, rule)
             entries.append(e)
             requests.append((bkey, brule, min(e.owed, brule._algo.B),
-                             FORCED_SCRIPT if e.oscript else FORCED))
+                             e.omode))
         e.owed = 0
-        e.oscript = False
+        e.omode = FORCED
 
     def _topup(self, e: _Entry, now: int, interval_us: int) -> int:
         """Close the entry's round (its demand becomes its rate); the units its lease
@@ -1355,8 +1358,8 @@ class HybridStore(Store):
                         self._board_hits += 1
                         self._board_misses = 0
                     if g[0] == 0:  # a native add found the key present: not charged yet,
-                        e.owed += req[2]  # the script charges it in the next round
-                        e.oscript = True
+                        e.owed += req[2]  # charged in the next round (an APPEND)
+                        e.omode = self._charge_mode(req, g)
                         self._mark(e)
                     elif e.rule.algorithm in _WINDOWS:
                         e.granted += req[2]  # taken from the counter by this process
@@ -1387,6 +1390,17 @@ class HybridStore(Store):
         keys = sum(1 for e in entries if e is not None)
         self._keys_synced += keys
         return self._round(keys, granted, self._b.round_trips - trips, failed, start)
+
+    def _charge_mode(self, req: LeaseRequest, g: Grant) -> int:
+        """How to charge units a native add found present: natively (an APPEND) while
+        the key keeps at least half its limit after them, else in the script. The script
+        posts a key the units exhaust in that same round; an APPEND that exhausts it
+        (the others' units landed first) is posted one round later, and the board
+        reaching the others a round later is overshoot on a key over its limit
+        (measured in the fleet simulation: docs/performance.md)."""
+        if g[3] > 0 or 2 * g[1] < req[1]._algo.N:
+            return FORCED_SCRIPT
+        return FORCED_PRESENT
 
     def _read_board(self, board: tuple[int, list[tuple[int, str]]], now: int) -> None:
         """The board's entries since the last round: keys exhausted on the backend."""

@@ -1,6 +1,12 @@
--- fixed_window: state "window_index used"
+-- fixed_window: state "window_index used" (and units appended: fwstate in the prelude)
 if USED['fw'] then ALGOS['fw'] = {
-  load = getnums,
+  load = function(key)
+    local v = redis.call('GET', key)
+    if not v then
+      return nil
+    end
+    return fwstate(v)
+  end,
   decide = function(st, now, N, W, B, cost, consume)
     local w = fdiv(now, W)
     local used = 0
@@ -25,7 +31,11 @@ if USED['fw'] then ALGOS['fw'] = {
       end
       return true, st, N - used, reset, 0, e
     end
-    return false, st, N - used, e - now, e - now, e
+    local left = N - used  -- (past the limit only by the hybrid store's forced adds)
+    if left < 0 then
+      left = 0
+    end
+    return false, st, left, e - now, e - now, e
   end,
   save = putnums,
 } end

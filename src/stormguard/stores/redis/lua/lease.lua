@@ -9,8 +9,11 @@
 -- as are free if that is at least `min` (min 0: whatever is free, possibly nothing; the
 -- hybrid store's way to charge admissions made while the backend was unreachable).
 -- Nothing is taken when fewer than `min` are free; the reply then carries the wait for
--- `min` units. min -1 is a forced add: `want` units admitted already (the cold
--- allowance) are added to the counter whatever it holds, past the limit if need be.
+-- `min` units. min -1 (and -2, -4: the hybrid store's other kinds) is a forced add:
+-- `want` units admitted already (the cold allowance) are added to the counter whatever
+-- it holds, past the limit if need be.
+-- min -3 is a post: the key onto the board until `want` (µs), nothing leased (a key a
+-- native forced add, APPEND outside the script, exhausted).
 -- The same counters, in the same format, as the rate-limit script: direct checks and
 -- leases on one key see each other.
 -- The board: a key whose counter a lease or a forced add exhausts (a check of cost 1 would
@@ -27,6 +30,7 @@ local now = now_us(ARGV[1])
 local n = tonumber(ARGV[2])
 local out = {now}
 local posts = {}
+local POST = -3  -- the `min` of a post: no lease, the key onto the board
 local FW = {}  -- per window length W: {window, "window ", its end, TTL ms}
 -- the board: bytes read per entry of the capacity; the string's most and what it keeps
 local BOARD_ENTRY, BOARD_MAX, BOARD_KEEP = 128, 1048576, 524288
@@ -76,7 +80,13 @@ for i = 1, n do
   local want, min = tonumber(ARGV[j + 4]), tonumber(ARGV[j + 5])
   local key = KEYS[i]
   local granted, rem, reset, retry = 0, 0, 0, 0
-  if min < 0 and code == 'fw' then
+  if min == POST then
+    -- a key a native forced add exhausted (the hybrid store saw it in the add's reply,
+    -- one round ago): onto the board, unless it frees already; `want` is when it frees
+    if want > now then
+      posts[#posts + 1] = fmt(want) .. ' ' .. key .. '\255'
+    end
+  elseif min < 0 and code == 'fw' then
     -- forced add on a fixed window: one SET when the key is new (the common case of a
     -- cold key: SET NX GET creates it, or answers what it holds), a second one otherwise;
     -- the window, its end and the TTL computed once per window length in the call
@@ -91,15 +101,15 @@ for i = 1, n do
     local used = 0
     local v = redis.call('SET', key, fw[2] .. ARGV[j + 4], 'NX', 'GET', 'PX', fw[4])
     if v then
-      local a, b = string.match(v, '^(%S+) (%S+)')
-      a = tonumber(a)
+      local st = fwstate(v) or {w, 0}
+      local a, b = st[1], st[2]
       if a >= w then
         if a > w then
           w = a
           t = w * W
           e = (w + 1) * W
         end
-        used = tonumber(b)
+        used = b
       end
       redis.call('SET', key, fmt(w) .. ' ' .. fmt(used + want), 'PX', ttl_ms(e, t))
     end

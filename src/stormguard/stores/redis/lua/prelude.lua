@@ -33,6 +33,29 @@ local function getnums(key)
   return {tonumber(a), tonumber(b), tonumber(c)}
 end
 
+-- a fixed window's state: "window used", then any number of ";window units" appended
+-- natively by the hybrid store's forced adds (APPEND, no script): the newest window and
+-- the units counted in it (older windows' units are void)
+local function fwstate(v)
+  if not string.find(v, ';', 1, true) then
+    local a, b = string.match(v, '^(%S+) (%S+)')
+    return {tonumber(a), tonumber(b)}
+  end
+  local w, used = nil, 0
+  for a, b in string.gmatch(v, '(%d+) (%d+)') do
+    a = tonumber(a)
+    if not w or a > w then
+      w, used = a, tonumber(b)
+    elseif a == w then
+      used = used + tonumber(b)
+    end
+  end
+  if not w then
+    return nil
+  end
+  return {w, used}
+end
+
 -- milliseconds until exp (microseconds), rounded up: the key lives until the state
 -- it holds is indistinguishable from a fresh key, and not longer (plus the slack
 -- given in ARGV[4]: 0 with server time, the tolerated clock skew with client time)

@@ -87,9 +87,12 @@ def make(kind: str, url: str) -> tuple[Any, Any, Any]:
             return store.round_trips
         return int(store.stats()["backend_round_trips"])
 
-    def natives() -> int:  # native forced adds sent (SET NX GET outside the scripts)
+    def natives() -> tuple[int, int]:
+        """Native forced adds sent outside the scripts: SET NX GETs, and APPENDs (each
+        with a PEXPIRE and a GET)."""
         b = getattr(store, "_b", None)
-        return int(getattr(b, "native_new", 0) + getattr(b, "native_present", 0))
+        return (int(getattr(b, "native_new", 0) + getattr(b, "native_present", 0)),
+                int(getattr(b, "native_appends", 0)))
 
     return check, trips, store.close, natives
 
@@ -153,12 +156,15 @@ def run(kind: str, url: str, client: Any, procs: int, seconds: float,
     scripts = [v for k, v in stats.items() if k.startswith(("cmdstat_eval", "cmdstat_fcall"))]
     counted = scripts if scripts else list(stats.values())
     usec = sum(v["usec"] for v in counted)
-    # native forced adds are SETs outside the scripts, counted with the scripts' own
-    # SETs under cmdstat_set: their share of its usec by count (an approximation)
-    native = sum(r[4] for r in results)
-    sets = stats.get("cmdstat_set")
-    if scripts and native and sets:
-        usec += sets["usec"] * min(1.0, native / max(1, sets["calls"]))
+    # native forced adds are SETs (and APPEND, PEXPIRE, GET) outside the scripts, counted
+    # with the scripts' own calls of those commands: their share of each command's usec
+    # by count (an approximation)
+    sent = {"set": sum(r[4][0] for r in results)}
+    sent["append"] = sent["pexpire"] = sent["get"] = sum(r[4][1] for r in results)
+    for name, native in sent.items():
+        st = stats.get(f"cmdstat_{name}")
+        if scripts and native and st:
+            usec += st["usec"] * min(1.0, native / max(1, st["calls"]))
     calls = sum(v["calls"] for v in stats.values())
     n = sum(r[0] for r in results)
     admitted = sum(r[1] for r in results)

@@ -87,16 +87,20 @@ REDIS_WAIT_MS = 1.25  # mean of the modelled 0.5-2 ms round trip
 #: "direct_*": one rate-limit script run (RedisStore.hit) on a key absent (cold) or
 #: present (hot).
 #: "native_new", "native_present": a native forced add (``SET NX GET PX`` in the round's
-#: pipeline, ``usec`` of SET) on a new key, on a key present (then charged by the script
-#: in the next round: an "owe_key" more), measured by the same script on 2026-12-01
-#: 15:10 UTC (``--n 2000 --repeat 5``, the minimum of 5 runs).
+#: pipeline, ``usec`` of SET) on a new key, on a key present (then charged in the next
+#: round: a "native_append", or an "owe_key" near its limit), measured by the same
+#: script on 2026-12-01 15:10 UTC (``--n 2000 --repeat 5``, the minimum of 5 runs).
+#: "native_append": the next round's charge of a key present (``APPEND``, ``PEXPIRE``,
+#: ``GET``, the three commands' ``usec``), measured by the same script on 2026-12-02
+#: 14:10 UTC (``--n 2000 --repeat 5``: 0.67 µs, with native_new 0.55 in the same run)
+#: and scaled to this set by native_new (0.90 / 0.55).
 #: "board_read" since the board became one string (lease.lua): 0.331 x 0.338 / 0.673, the
 #: ratio of the two formats measured side by side by the same script on 2026-12-01
 #: 22:55 UTC (``--n 2000 --repeat 3``, the list 0.673 µs per entry, the string 0.338).
 REDIS_COSTS: dict[str, float] = {
     "direct_cold": 14.60, "direct_hot": 15.14, "script": 9.88, "lease_key": 4.85,
     "owe_key": 3.48, "post": 0.96, "board_read": 0.166,
-    "native_new": 0.90, "native_present": 0.44, "native_append": 0.87,
+    "native_new": 0.90, "native_present": 0.44, "native_append": 1.10,
 }
 
 Balance = Literal["random", "sticky"]

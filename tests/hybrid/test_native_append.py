@@ -282,3 +282,41 @@ def test_hybrid_stores_charge_a_key_present_with_appends_and_post_what_they_exha
         for m in (a, b, c, d):
             m.close()
         direct.close()
+
+
+def test_appends_on_a_cluster_are_one_round_trip_per_master_and_wait_for_no_board(
+        cluster_url: str) -> None:
+    """On a 3-master cluster the APPENDs of 300 keys present, in every slot, travel in
+    the round's one pipeline per master; a cluster has no board, so a key they exhaust
+    waits for no post."""
+    clock = _clock()
+    rule = Rule(4, 60, algorithm="fixed_window")
+    a = HybridStore(cluster_url, sync_interval=None, clock=clock, time_source="client",
+                    timeout=1.0, cold_allowance=1)
+    b = HybridStore(cluster_url, sync_interval=None, clock=clock, time_source="client",
+                    timeout=1.0, cold_allowance=1)
+    try:
+        for m in (a, b):
+            m.sync()
+        keys = [f"user:{k}" for k in range(300)]
+        for m in (a, b):
+            for k in keys:
+                assert m.hit(k, rule).allowed
+        a.sync()  # every key created
+        b.sync()  # every key present, 1 used: 2 left after b's unit, half the limit
+        assert b._b.native_present == 300
+        round_ = b.sync()
+        assert b._b.native_appends == 300
+        assert round_["failed"] == 0
+        assert round_["round_trips"] == 3
+        assert not b._b._pending
+        for k in keys:
+            assert a.backend.peek(k, rule).remaining == 2
+        (g,), _ = b._b.sync_many([(keys[0], rule, 2, FORCED_PRESENT)], None, 0)
+        assert not isinstance(g, BaseException)
+        assert g[1] == 0  # these units exhausted it
+        assert b._b.native_appends == 301
+        assert not b._b._pending  # no board to post it to
+    finally:
+        a.close()
+        b.close()

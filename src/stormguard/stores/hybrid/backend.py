@@ -81,6 +81,9 @@ POST = -3  # the `min` of a post: no lease, the key onto the board until `want` 
 #: a forced add in the script whatever the key (a native add found it present, and these
 #: units exhaust it: the script posts it in the same round)
 FORCED_SCRIPT = -4
+#: keys native appends exhausted waiting for a round to post them, at most (a cluster has
+#: no board: none wait there)
+_PENDING_MAX = 4096
 #: a native forced add only this far (µs) from the edges of the server's window
 NATIVE_MARGIN_US = 20_000
 
@@ -209,7 +212,8 @@ class Backend:
             if was > 0:  # (as much as the counter can take: a memory counter stops there)
                 store.hit(key, rule, min(was, want))
             left = was - want
-            if was >= 1 and left < 1 and self._board is not None and self.posting:
+            if (was >= 1 and left < 1 and self._board is not None and self.posting
+                    and len(self._pending) < _PENDING_MAX):
                 self._pending.append((end, key, rule))
             return (want, max(0, left), end - now, end - now if left < 1 else 0, now)
         if d[2] >= rule._algo.N:  # a new key (nothing used in this window): created
@@ -588,7 +592,8 @@ class RedisBackend(Backend):
         mine = f";{window} {want}"
         upto = text[:size] if len(text) >= size and text[size - len(mine):size] == mine else text
         w0, through = fw_state(upto)
-        if w0 == window and through >= n > through - want:
+        if (w0 == window and through >= n > through - want and self.has_board
+                and len(self._pending) < _PENDING_MAX):
             self._pending.append((end, key, rule))
         return (want, max(0, left), reset, reset if left < 1 else 0, now)
 

@@ -483,12 +483,19 @@ def test_a_native_add_on_a_full_window_on_a_memory_backend(clock: FakeClock) -> 
     assert not p.hit("full", rule).allowed
 
 
-def test_native_adds_keep_the_fleet_bound_on_a_memory_backend(clock: FakeClock) -> None:
-    # the simulation's emulation of the native path: per window at most limit + a x n
-    clock.set_wall(START + 0.5)
+def native_fleet(clock: FakeClock, at: float) -> list[HybridStore]:
+    """Six processes with an allowance of 1 on one memory backend that answers forced adds
+    as the Redis backend's native path (the fleet simulation's emulation), at ``at``."""
+    clock.set_wall(at)
     _, members = fleet(clock, 6, 1)
     for m in members:
         m._b.native = True
+    return members
+
+
+def test_native_adds_keep_the_fleet_bound_on_a_memory_backend(clock: FakeClock) -> None:
+    # the simulation's emulation of the native path: per window at most limit + a x n
+    members = native_fleet(clock, START + 0.5)
     rule = Rule(4, 1, algorithm="fixed_window")
     admitted = Counter[int]()
     for step in range(300):  # 3 s, every process checks the key every 10 ms
@@ -508,10 +515,7 @@ def test_appends_on_a_memory_backend_keep_the_bound_and_post_what_they_exhaust(
         clock: FakeClock) -> None:
     # the emulation of the APPEND charge: a key present with half its limit or more left
     # is charged natively; one an APPEND exhausts is posted by the next round
-    clock.set_wall(START + 0.05)
-    _, members = fleet(clock, 6, 1)
-    for m in members:
-        m._b.native = True
+    members = native_fleet(clock, START + 0.05)
     rule = Rule(6, 1, algorithm="fixed_window")
     admitted = Counter[int]()
     for _ in range(3):  # 3 windows: every process checks the key once a window (cold)

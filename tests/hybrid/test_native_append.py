@@ -11,6 +11,7 @@ rounds is created again with a TTL."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -96,6 +97,26 @@ def test_every_script_reads_the_count_fw_state_reads(redis_url: str, base: tuple
         store.close()
 
 
+def _run_together(targets: list[tuple[Callable[..., None], tuple[object, ...]]]) -> None:
+    """Start every target in its own thread at once (a barrier); raise what any raised."""
+    start = threading.Barrier(len(targets))
+    errors: list[BaseException] = []
+
+    def run(fn: Callable[..., None], args: tuple[object, ...]) -> None:
+        try:
+            start.wait()
+            fn(*args)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=t) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+
+
 def test_appends_from_threads_and_checks_lose_no_unit(redis_url: str) -> None:
     """Eight threads charge one key with APPENDs (each its own backend, as processes
     do) while four threads check it with the rate-limit script, which folds and rewrites
@@ -107,35 +128,19 @@ def test_appends_from_threads_and_checks_lose_no_unit(redis_url: str) -> None:
     backends = [RedisBackend(s) for s in stores[:8]]
     appends, checks = 200, 150
     admitted = [0] * 4
-    errors: list[BaseException] = []
-    start = threading.Barrier(12)
 
     def charge(b: RedisBackend) -> None:
-        try:
-            start.wait()
-            for _ in range(appends):
-                (g,), _ = b.sync_many([("shared", rule, 1, FORCED_PRESENT)], None, 0)
-                assert not isinstance(g, BaseException)
-                assert g[0] == 1
-        except BaseException as exc:
-            errors.append(exc)
+        for _ in range(appends):
+            (g,), _ = b.sync_many([("shared", rule, 1, FORCED_PRESENT)], None, 0)
+            assert not isinstance(g, BaseException)
+            assert g[0] == 1
 
     def check(i: int) -> None:
-        try:
-            start.wait()
-            for _ in range(checks):
-                admitted[i] += stores[8 + i].hit("shared", rule).allowed
-        except BaseException as exc:
-            errors.append(exc)
+        for _ in range(checks):
+            admitted[i] += stores[8 + i].hit("shared", rule).allowed
 
-    threads = [threading.Thread(target=charge, args=(b,)) for b in backends]
-    threads += [threading.Thread(target=check, args=(i,)) for i in range(4)]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        assert not errors, errors
+        _run_together([(charge, (b,)) for b in backends] + [(check, (i,)) for i in range(4)])
         assert sum(b.native_appends for b in backends) == 8 * appends
         used = 8 * appends + sum(admitted)
         assert sum(admitted) == 4 * checks  # far from the limit: every check admitted
@@ -155,24 +160,13 @@ def test_exactly_one_append_is_told_it_exhausted_the_key(redis_url: str) -> None
     rule = Rule(50, 60, algorithm="fixed_window")
     stores = [_store(redis_url, clock) for _ in range(8)]
     backends = [RedisBackend(s) for s in stores]
-    start = threading.Barrier(8)
-    errors: list[BaseException] = []
 
     def charge(b: RedisBackend) -> None:
-        try:
-            start.wait()
-            for _ in range(10):
-                b.sync_many([("edge", rule, 1, FORCED_PRESENT)], None, 0)
-        except BaseException as exc:
-            errors.append(exc)
+        for _ in range(10):
+            b.sync_many([("edge", rule, 1, FORCED_PRESENT)], None, 0)
 
-    threads = [threading.Thread(target=charge, args=(b,)) for b in backends]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        assert not errors, errors
+        _run_together([(charge, (b,)) for b in backends])
         pending = [b for b in backends if b._pending]
         assert len(pending) == 1
         assert len(pending[0]._pending) == 1

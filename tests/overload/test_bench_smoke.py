@@ -19,7 +19,8 @@ def test_overload_bench_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
     # interval, the unloaded point and one load point)
     monkeypatch.setattr(sys, "argv", [
         "overload.py", "--configs", "adaptive", "--loads", "2", "--duration", "0.5",
-        "--warmup", "0.3", "--unloaded-seconds", "0.5", "--capacity", "40", "--plot", str(tmp_path / "o.png"),
+        "--warmup", "0.3", "--unloaded-seconds", "0.5", "--capacity", "40",
+        "--plot", str(tmp_path / "o.png"),
         "--json", str(tmp_path / "o.json"), "--gil", "0.001", "--switch-cost", "0.0001"])
     runpy.run_path(str(ROOT / "bench" / "overload.py"), run_name="__main__")
     out = capsys.readouterr().out

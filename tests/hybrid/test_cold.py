@@ -666,3 +666,22 @@ def test_hybrid_stores_over_memory_stores_are_freed_without_a_crash() -> None:
                          check=False, timeout=120, env={**os.environ})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "freed"
+
+
+def test_keys_waiting_for_a_post_are_bounded(clock: FakeClock) -> None:
+    # a process whose rounds never reach a board keeps at most _PENDING_MAX keys to post
+    from stormguard.stores.hybrid import backend as hb
+
+    members = native_fleet(clock, START + 0.05)
+    b = members[0]._b
+    b.posting = True
+    rule = Rule(2, 1, algorithm="fixed_window")
+    b._pending = [(0, f"x{i}", rule) for i in range(hb._PENDING_MAX)]
+    members[0].backend.hit("full", rule)  # 1 of 2 used: the next unit exhausts it
+    g = b._one_native("full", rule, 1, hb.FORCED_PRESENT)
+    assert g[1] == 0  # exhausted
+    assert len(b._pending) == hb._PENDING_MAX
+    b._pending = []
+    members[0].backend.hit("other", rule)
+    b._one_native("other", rule, 1, hb.FORCED_PRESENT)
+    assert [k for _, k, _ in b._pending] == ["other"]  # below the cap: it waits

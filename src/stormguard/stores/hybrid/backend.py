@@ -34,7 +34,7 @@ of a window's edge, or before any reply, the add goes in the script.
 
 The next round's charge of a key present is native too: ``APPEND key ";<window>
 <want>"``, ``PEXPIRE key <ttl>`` and ``GET key`` in the round's pipeline (about a
-fifth of the Redis time of a key of the script). A fixed window's state is thus
+quarter of the Redis time of a key of the script). A fixed window's state is thus
 ``"<window> <used>"`` followed by any number of ``";<window> <units>"``: every script
 reads it with ``fwstate`` (lua/prelude.lua, :func:`fw_state` here), the units of the
 newest window summed, and writes it back folded. The reply of the GET says where the key

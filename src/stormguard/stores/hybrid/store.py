@@ -1358,7 +1358,7 @@ class HybridStore(Store):
                         self._board_hits += 1
                         self._board_misses = 0
                     if g[0] == 0:  # a native add found the key present: not charged yet,
-                        e.owed += req[2]  # charged in the next round (an APPEND)
+                        e.owed += req[2]  # charged in the next round (see _charge_mode)
                         e.omode = self._charge_mode(req, g)
                         self._mark(e)
                     elif e.rule.algorithm in _WINDOWS:

@@ -3,6 +3,7 @@ no-load minimum, and does not creep upward under moderate overload (Gradient2's 
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -87,23 +88,66 @@ def test_finds_the_capacity_of_a_server_and_stays_there() -> None:
     assert max(tail) <= 16 * limit.tolerance, tail  # latency at most 2x the no-load one
 
 
+def one_core(limit: AdaptiveLimit, seconds: float, now: float = 0.0,
+             parallel: bool = False) -> tuple[float, list[tuple[float, int]]]:
+    """CPU-bound 10 ms requests on one core at every slot of the limit: ``c`` at once take
+    ``c`` times as long each and one finishes every 10 ms (``parallel``: I/O-bound, each
+    takes 10 ms whatever ``c``). Answers the time and every change of the limit."""
+    changes = [(now, limit.limit)]
+    end = now + seconds
+    while now < end:
+        c = limit.limit
+        limit.sample(0.01 if parallel else 0.01 * c, now, float(c))
+        now += 0.01 / c if parallel else 0.01
+        if limit.limit != changes[-1][1]:
+            changes.append((now, limit.limit))
+    return now, changes
+
+
+def tries_of(changes: list[tuple[float, int]]) -> list[float]:
+    """When the limit went from 1 to 2."""
+    return [t for (_, a), (t, b) in itertools.pairwise(changes) if a == 1 and b == 2]
+
+
 def test_requests_that_share_one_core_step_down_to_running_alone() -> None:
     """CPU-bound work on one core (one GIL): two requests at once take twice as long each,
     no more throughput. A ratio of 2 is within the tolerance, but it grew with the
-    concurrency: the limit steps down to 1 (and tries 2 again once in 11 windows: at 1
-    there is no evidence that 2 would not be better)."""
+    concurrency: the limit steps down to 1. At 1 there is no evidence that 2 would not be
+    better, so it tries 2 again after 10 windows (1 s), then after twice as long each time
+    the try failed at once, up to 80 windows (8 s): each try is latency for everyone."""
     limit = AdaptiveLimit(initial=8)
     for i in range(20):  # the no-load latency, learnt alone
         limit.sample(0.01, i * 0.01, 1)
-    one_core = lambda c: 0.01 * c  # noqa: E731 - every request in flight shares the core
-    now = drive(limit, one_core, windows=30, now=1.0)
-    seen = []
-    for _ in range(60):
-        now = drive(limit, one_core, windows=1, now=now)
-        seen.append(limit.limit)
-    assert max(seen) <= 2, seen
-    assert seen.count(1) >= 0.8 * len(seen), seen
-    assert seen.count(2) >= 3, seen  # it does try again
+    _, changes = one_core(limit, 40.0, now=1.0)
+    down = next(t for t, v in changes if v == 1)
+    assert down <= 1.5, changes  # at once
+    assert max(v for t, v in changes if t >= down) <= 2, changes
+    tries = tries_of(changes)
+    gaps = [b - a for a, b in itertools.pairwise(tries)]
+    assert len(tries) >= 6, changes  # it does try again, and again
+    assert 0.9 <= tries[0] - down <= 1.3, tries  # the first after 1 s, longer after each
+    assert gaps[0] >= 2.0, gaps
+    assert gaps[1] >= 4.0, gaps
+    assert all(7.9 <= g <= 8.8 for g in gaps[2:]), gaps  # but never much more than 8 s
+    at_two = sum(b - a for (a, v), (b, _) in itertools.pairwise(changes) if v == 2
+                 and a >= down)
+    assert at_two <= 0.05 * len(tries), changes  # each try ends within 50 ms
+
+
+def test_a_try_that_holds_resets_the_wait_before_the_next() -> None:
+    """Once more at once does not share (the work became parallel: I/O), the try holds,
+    the limit grows, and the wait after a later failed try starts again at 1 s."""
+    limit = AdaptiveLimit(initial=8)
+    for i in range(20):
+        limit.sample(0.01, i * 0.01, 1)
+    now, changes = one_core(limit, 30.0, now=1.0)  # the hold is at its longest
+    assert changes[-1][1] == 1
+    now, changes = one_core(limit, 12.0, now=now, parallel=True)  # parallel work now
+    assert limit.limit >= 4, changes  # found within one hold and then grown
+    _, changes = one_core(limit, 6.0, now=now)
+    tries = tries_of(changes)
+    assert len(tries) >= 2, changes
+    assert tries[1] - tries[0] <= 2.3, tries  # 1 s, then 2 s: not 8 s
 
 
 def test_a_cold_start_into_cpu_bound_overload_finds_one_in_flight() -> None:
@@ -339,3 +383,25 @@ def test_a_cold_start_finds_one_in_flight_when_requests_outlast_a_window() -> No
     tail = seen[30:]
     assert max(tail) <= 3, seen
     assert sum(1 for x in tail if x <= 2) >= 0.9 * len(tail), seen
+
+
+def test_a_try_on_one_shared_core_ends_at_the_third_joined_request() -> None:
+    """The window after a growth from 1 to 2 closes as soon as three requests that ran
+    joined were slowed in proportion (each of them is latency for everyone), not after
+    the ten samples of a window."""
+    limit = AdaptiveLimit(initial=1)
+    now = 0.0
+    for _ in range(200):  # alone at 1: no evidence against 2, so it grows
+        limit.sample(0.01, now, 1.0)
+        now += 0.01
+        if limit.limit == 2:
+            break
+    assert limit.limit == 2
+    fed = 0
+    while limit.limit == 2:
+        fed += 1
+        now += 0.02
+        limit.sample(0.02, now, 2.0)  # two at once on one core: twice as long
+        assert fed <= 10, fed
+    assert fed == 3
+    assert limit.limit == 1

@@ -246,16 +246,19 @@ class _Recording(AdaptiveLimit):
 
     def __init__(self) -> None:
         super().__init__(initial=10)
-        self.seen: list[int] = []
+        self.seen: list[float] = []
 
-    def sample(self, rtt: float, now: float, in_flight: int, key: str = "") -> float | None:
+    def sample(self, rtt: float, now: float, in_flight: float, key: str = "") -> float | None:
         self.seen.append(in_flight)
         return super().sample(rtt, now, in_flight, key)
 
 
-def test_a_request_joined_by_others_is_not_sampled_as_alone() -> None:
+def test_a_request_is_sampled_at_the_mean_concurrency_of_its_life() -> None:
     """The limit learns from requests that ran alone (no-load baselines, "the machine is
-    slow" holds); one that started alone but was joined by another did not run alone."""
+    slow" holds) and from how much the others slowed the ones that did not: each sample
+    carries the in-flight count averaged over the request's life, itself included. One
+    that started alone but was joined did not run alone; one joined for a third of its
+    life ran at 1 1/3."""
     clock = FakeClock()
     limit = _Recording()
     s = Shedder(limit, clock=clock)
@@ -268,12 +271,12 @@ def test_a_request_joined_by_others_is_not_sampled_as_alone() -> None:
     clock.advance(0.01)
     s.release(b)
     clock.advance(0.01)
-    s.release(a)  # b has left already, but it ran beside a: 2
+    s.release(a)  # b ran beside a for 10 of a's 30 ms
     c = s.try_acquire(CRITICAL)
     assert isinstance(c, Ticket)
     clock.advance(0.01)
     s.release(c)  # nobody else started meanwhile: alone
-    assert limit.seen == [2, 2, 1]
+    assert limit.seen == [pytest.approx(2.0), pytest.approx(4 / 3), pytest.approx(1.0)]
 
 
 def test_a_standing_queue_sheds_arrivals_at_once_and_serves_newest_first() -> None:

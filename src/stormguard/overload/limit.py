@@ -82,8 +82,15 @@ PROBE_EVERY = 1
 #: latency at least 1 + SHARED x (concurrency - 1) times the minimum: the requests in flight
 #: share one resource (no parallel speed-up), so the limit steps down by one
 SHARED = 0.75
-#: windows without growth after such a step down (one try a second at 100 ms windows)
+#: windows without growth after such a step down (one try a second at 100 ms windows),
+#: doubled after each try that stepped down again at once, up to SHARED_HOLD_MAX
 SHARED_HOLD = 10
+SHARED_HOLD_MAX = 80
+#: a request that ran under a concurrency at least this high (time-averaged, itself
+#: included) was joined: the share of its latency it owes to the others shows
+JOINED = 1.5
+#: at most this concurrency (time-averaged) is a request alone: a no-load measurement
+ALONE = 1.1
 
 
 class FixedLimit:
@@ -96,7 +103,7 @@ class FixedLimit:
     def __init__(self, limit: int) -> None:
         self.limit = validate.integer("limit", limit)
 
-    def sample(self, rtt: float, now: float, in_flight: int, key: str = "") -> float | None:
+    def sample(self, rtt: float, now: float, in_flight: float, key: str = "") -> float | None:
         return None
 
     def stats(self) -> dict[str, Any]:
@@ -115,7 +122,13 @@ class AdaptiveLimit:
         "_base_in_flight",
         "_baseline",
         "_done",
+        "_grew_at",
         "_grow_after",
+        "_hold",
+        "_j_base",
+        "_j_conc",
+        "_j_n",
+        "_j_rtt",
         "_limit",
         "_lowered",
         "_max_in_flight",
@@ -165,11 +178,17 @@ class AdaptiveLimit:
         self._n = 0
         self._sum = 0.0
         self._ratios: list[float] = []
-        self._max_in_flight = 0
-        self._sum_in_flight = 0
+        self._max_in_flight = 0.0
+        self._sum_in_flight = 0.0
         self._sum_rtt = 0.0  # this window's latencies, and its requests' baselines
         self._sum_base = 0.0
         self._grow_after = 0  # no growth before this window (after a shared-core step down)
+        self._hold = SHARED_HOLD  # windows of that hold, doubled by each failed try
+        self._grew_at = -SHARED_HOLD_MAX  # the window of the latest growth
+        self._j_n = 0  # this window's joined requests: count, latency, what proportional
+        self._j_rtt = 0.0  # sharing would give them (see JOINED), summed concurrency
+        self._j_base = 0.0
+        self._j_conc = 0.0
         self._windows = 0
         self._probe_at: int | None = FIRST_PROBE
         self._probing = False
@@ -178,14 +197,14 @@ class AdaptiveLimit:
         self._rate_before = 0.0  # finished per second in the last window before a probe
         self._lowered = False
         self._probe_limit = math.inf  # each probe goes to half the last one
-        self._base_in_flight = 0  # in flight when the latest baseline was measured
+        self._base_in_flight = 0.0  # the concurrency the latest baseline was measured at
 
     @property
     def limit(self) -> int:
         """The current limit, an integer within ``[min, max]``."""
         if self._probing:  # never to the floor (what makes Envoy's probes hurt), unless
             # the baseline was measured one above it: then the floor is the question
-            floor = self.min + 1 if self._base_in_flight > self.min + 1 else self.min
+            floor = self.min + 1 if self._base_in_flight >= self.min + 1.5 else self.min
             return min(int(self._limit),
                        max(floor, int(min(self._limit, self._probe_limit))))
         return int(self._limit)
@@ -199,10 +218,12 @@ class AdaptiveLimit:
         """The no-load latency learnt for ``key`` (None before its first sample)."""
         return self._baseline.get(key)
 
-    def sample(self, rtt: float, now: float, in_flight: int, key: str = "") -> float | None:
-        """One finished request took ``rtt`` seconds, ``in_flight`` requests (itself
-        included) were in flight when it started. Answers the window's mean ratio when
-        this sample closed a window (the limit may have moved), else None."""
+    def sample(self, rtt: float, now: float, in_flight: float, key: str = "") -> float | None:
+        """One finished request took ``rtt`` seconds under a concurrency of ``in_flight``
+        (itself included): the time-averaged number of requests in flight during its
+        life, as a :class:`~stormguard.overload.Shedder` measures it, or the count when
+        it started. Answers the window's median ratio when this sample closed a window
+        (the limit may have moved), else None."""
         if not rtt > 0 or not math.isfinite(rtt):
             return None  # a zero or broken measurement says nothing about queueing
         self._done += 1
@@ -223,7 +244,7 @@ class AdaptiveLimit:
                 self._lowered = True
             base[key] = b = rtt
             self._base_in_flight = in_flight
-        if in_flight <= 1:  # ran alone: a no-load measurement
+        if in_flight < ALONE:  # ran alone: a no-load measurement
             self._alone_ratios.append(rtt / b)
             alone = self._alone
             seen = alone.get(key)
@@ -237,11 +258,20 @@ class AdaptiveLimit:
         self._sum_in_flight += in_flight
         self._sum_rtt += rtt
         self._sum_base += b
+        if in_flight >= JOINED:  # what proportional sharing would have made of it
+            self._j_n += 1
+            self._j_rtt += rtt
+            self._j_base += b * (1.0 + SHARED * (in_flight - 1.0))
+            self._j_conc += in_flight
         since = self._since
         if since is None:
             self._since = now
             return None
         if self._n < self.min_samples:
+            if self._windows == self._grew_at + 1 and self._j_n >= 3 \
+                    and self._j_rtt >= self._j_base:
+                return self._update(now)  # the window after a growth: the first 3 joined
+                # requests that shared one resource end the try (each is latency for all)
             return None
         if now - since < self.window and self._sum < 2 * self.tolerance * self._n:
             return None  # (a window far past the tolerance closes early: react at once)
@@ -255,7 +285,7 @@ class AdaptiveLimit:
         ratios = sorted(self._ratios)
         mean = ratios[len(ratios) // 2]  # the median: one GC pause is not a queue
         self._ratios.clear()
-        if self._max_in_flight <= 1:  # a whole window of requests alone: follow them, 10 %
+        if self._max_in_flight < ALONE:  # a whole window of requests alone: follow them, 10 %
             base = self._baseline
             for key, rtt in self._alone.items():
                 b = base[key]
@@ -266,30 +296,38 @@ class AdaptiveLimit:
         tol = self.tolerance
         lone = sorted(self._alone_ratios)
         self._alone_ratios.clear()
+        shared = self._shared(now)
         if mean > tol and len(lone) >= 2 and lone[len(lone) // 2] > tol:
             pass  # requests that ran alone were slow too: not a queue a lower limit shortens
-        elif mean > tol:
-            limit *= max(SHRINK_FLOOR, tol / mean)
-        elif (shared := min(self._sum_in_flight / self._n, self._little(now))) >= 1.5 \
-                and self._sum_rtt >= self._sum_base * (1.0 + SHARED * (shared - 1.0)):
+        elif shared is not None:
             # latency grew with the concurrency: the requests share one resource (a core,
             # the GIL, a saturated dependency), so more of them at once only adds latency
-            # (Little: no more throughput); step down toward where each runs alone
-            limit = min(limit, shared) - 1.0
-            self._grow_after = self._windows + SHARED_HOLD
-        elif mean <= 1.0 + (tol - 1.0) / 2 and 2 * self._max_in_flight >= limit \
+            # (Little: no more throughput); step down toward where each runs alone, and
+            # wait before trying more again, longer after each try that failed at once
+            step = min(limit, shared) - 1.0
+            limit = min(step, limit * max(SHRINK_FLOOR, tol / mean)) if mean > tol else step
+            failed = self._windows - self._grew_at <= 2
+            self._hold = min(2 * self._hold, SHARED_HOLD_MAX) if failed else SHARED_HOLD
+            self._grow_after = self._windows + self._hold
+        elif mean > tol:
+            limit *= max(SHRINK_FLOOR, tol / mean)
+        elif mean <= 1.0 + (tol - 1.0) / 2 and 2 * self._max_in_flight >= limit + 1 \
                 and not self._probing and self._windows >= self._grow_after \
-                and (self._probe_at is None or self._base_in_flight <= 1):
-            # (not on baselines measured under load that a probe has yet to check: near
-            # such a baseline is no evidence of no queue, and growth only adds to it)
+                and (self._probe_at is None or self._base_in_flight < ALONE):
+            # (in use: some request ran under more than half the limit; not on baselines
+            # measured under load that a probe has yet to check: near such a baseline is
+            # no evidence of no queue, and growth only adds to it)
             limit += 1.0 if limit < 10 else math.sqrt(limit)
+            self._grew_at = self._windows
         self._limit = min(float(self.max), max(float(self.min), limit))
         self._since = now
         self._n = 0
         self._sum = 0.0
-        self._max_in_flight = 0
-        self._sum_in_flight = 0
+        self._max_in_flight = 0.0
+        self._sum_in_flight = 0.0
         self._sum_rtt = self._sum_base = 0.0
+        self._j_n = 0
+        self._j_rtt = self._j_base = self._j_conc = 0.0
         self._windows += 1
         self._probes(now, rate)
         self._lowered = False
@@ -310,13 +348,29 @@ class AdaptiveLimit:
             self._rate_before = rate
         if not self._probing and self._probe_at is not None \
                 and self._windows >= self._probe_at:
-            if self._base_in_flight <= 1:  # the baselines were measured alone: no need
+            if self._base_in_flight < ALONE:  # the baselines were measured alone: no need
                 self._probe_at = None
             else:  # below the last probe and where the baseline was measured, not below 1/4
                 self._probing = True
                 self._probe_start = now
                 self._probe_limit = max(0.25 * self._limit, PROBE * min(
                     self._limit, self._probe_limit, float(self._base_in_flight)))
+
+    def _shared(self, now: float) -> float | None:
+        """The concurrency at which this window's requests shared one resource, or None.
+
+        Either the whole window (its concurrency, the smaller of the mean and Little's
+        law's, at least ``JOINED``, and its summed latency at least ``1 + SHARED x (c -
+        1)`` times the summed baselines), or its joined requests alone (at least 3 that
+        ran under ``JOINED`` or more, slowed as much in proportion to their own
+        concurrency): at a moderate load most requests run alone and the window's mean
+        hides the ones that did not."""
+        c = min(self._sum_in_flight / self._n, self._little(now))
+        if c >= JOINED and self._sum_rtt >= self._sum_base * (1.0 + SHARED * (c - 1.0)):
+            return c
+        if self._j_n >= 3 and self._j_rtt >= self._j_base:
+            return self._j_conc / self._j_n
+        return None
 
     def _little(self, now: float) -> float:
         """The window's mean concurrency by Little's law: its requests' summed latency

@@ -67,14 +67,16 @@ def tier_index(field: str, tier: object) -> int:
 class Ticket:
     """One admitted request: release it with :meth:`Shedder.release` when it finishes."""
 
-    __slots__ = ("in_flight", "key", "seq", "start", "tier")
+    __slots__ = ("area", "in_flight", "key", "seq", "start", "tier")
 
-    def __init__(self, tier: int, start: float, in_flight: int, key: str, seq: int = 0) -> None:
+    def __init__(self, tier: int, start: float, in_flight: int, key: str, seq: int = 0,
+                 area: float = 0.0) -> None:
         self.tier = tier
         self.start = start
         self.in_flight = in_flight
         self.key = key
-        self.seq = seq  # the shedder's admissions so far: did others start during its life?
+        self.seq = seq  # the shedder's admissions so far
+        self.area = area  # the shedder's in-flight x seconds so far, when it started
 
 
 class _Waiter:
@@ -132,6 +134,8 @@ class Shedder:
         self._lock = threading.Lock()
         self._in_flight = 0
         self._seq = 0  # admissions so far
+        self._area = 0.0  # the integral of the in-flight count over time, up to _area_at:
+        self._area_at = 0.0  # what a request's concurrency during its life is read from
         self._tier_in_flight = [0, 0, 0]
         self._queues: tuple[deque[_Waiter], ...] = (deque(), deque(), deque())
         self._waiting = 0
@@ -245,12 +249,20 @@ class Shedder:
         if self._overloaded and self._below_since is None:
             self._below_since = now
 
+    def _tick(self, now: float) -> float:
+        """The in-flight integral up to ``now`` (before the count changes)."""
+        if now > self._area_at:
+            self._area += self._in_flight * (now - self._area_at)
+            self._area_at = now
+        return self._area
+
     def _take(self, tier: int, now: float, key: str) -> Ticket:
+        area = self._tick(now)
         self._in_flight += 1
         self._tier_in_flight[tier] += 1
         self._admitted[tier] += 1
         self._seq += 1
-        return Ticket(tier, now, self._in_flight, key, self._seq)
+        return Ticket(tier, now, self._in_flight, key, self._seq, area)
 
     def _dispatch(self, now: float) -> None:
         """Hand free slots to waiters, most important tier first (newest first when the
@@ -442,6 +454,7 @@ class Shedder:
         clock = self._clock
         now = clock.monotonic()
         with self._lock:
+            area = self._tick(now)
             self._in_flight -= 1
             self._tier_in_flight[ticket.tier] -= 1
             if ok:
@@ -450,14 +463,14 @@ class Shedder:
             limit = self.limit
             if ok and limit.adaptive:
                 old = limit.limit
-                # the concurrency it ran under: in flight when it started, or, when others
-                # were admitted during its life, at least 2 and as many as are in flight now
-                # (a request that started alone and was joined did not run alone: taking
-                # its slowness for the machine's would hold a limit that is too high)
-                seen = ticket.in_flight
-                if self._seq != ticket.seq:
-                    seen = max(seen, self._in_flight + 1, 2)
-                ratio = limit.sample(now - ticket.start, now, seen, ticket.key)
+                # the concurrency it ran under: the mean in-flight count over its life,
+                # itself included (a request that started alone and was joined did not run
+                # alone; one that started among others may have finished alone)
+                rtt = now - ticket.start  # (mypy: bound above only when ok)
+                seen: float = ticket.in_flight
+                if rtt > 0:
+                    seen = max(1.0, (area - ticket.area) / rtt)
+                ratio = limit.sample(rtt, now, seen, ticket.key)
                 if ratio is not None and limit.limit != old and observed(self._listeners):
                     emit(self._listeners, LimitChanged(self.name, now, old, limit.limit, ratio))
             if self._waiting:

@@ -126,6 +126,8 @@ class Point:
                 "failed": self.failed,
                 "p99_ok_ms": {t: p99ms(v) for t, v in self.ok.items()},
                 "p99_shed_ms": p99ms([x for v in self.shed.values() for x in v]),
+                "p99_all_503_ms": p99ms([x for d in (self.shed, self.waited)
+                                         for v in d.values() for x in v]),
                 "goodput": self.goodput(), "limits": self.limits, "reasons": self.reasons,
                 "server_cpu_share": self.cpu / self.duration}
 
@@ -736,23 +738,26 @@ def main() -> None:
         print(f"  {load:g}x done, load average {os.getloadavg()[0]:.1f}", flush=True)
 
     print(f"\n{'config':<30} {'load':>4} | {'critical':>9} {'degraded':>9} {'sheddable':>9} | "
-          f"{'p99 crit':>8} {'x unl.':>6} | {'shed p99':>8} {'waited':>6} | {'goodput':>8} | "
+          f"{'p99 crit':>8} {'x unl.':>6} | {'shed p99':>8} {'waited':>6} {'all 503':>8} | "
+          f"{'goodput':>8} | "
           "limit")
     for config in configs:
         for load in loads:
             pt = results[config][load]
             shed_all = [x for t in TIERS for x in pt.shed[t]]
             waited = sum(len(pt.waited[t]) for t in TIERS)
+            every = shed_all + [x for t in TIERS for x in pt.waited[t]]
             crit = p99(pt.ok["critical"])
             print(f"{CONFIGS[config]:<30} {load:>3g}x | "
                   + " ".join(f"{pt.success(t):>9.2%}" for t in TIERS)
                   + f" | {crit * 1000:>6.1f}ms {crit / base_p99:>5.1f}x"
-                  + f" | {p99(shed_all) * 1000:>6.1f}ms {waited:>6}"
+                  + f" | {p99(shed_all) * 1000:>6.1f}ms {waited:>6} {p99(every) * 1000:>6.1f}ms"
                   + f" | {pt.goodput() / capacity:>7.0%}"
                   + (f" | {min(pt.limits)}-{sorted(pt.limits)[len(pt.limits) // 2]}-"
                      f"{max(pt.limits)}" if pt.limits else " | -"))
     print("(success: 200 within the client timeout / sent; shed p99: 503s answered at once; "
-          "waited: 503s after waiting queue_timeout in vain; goodput: 200s/s / capacity; "
+          "waited: 503s after waiting queue_timeout in vain; all 503: the p99 of every 503, "
+          "those too; goodput: 200s/s / capacity; "
           "limit: min-median-max of the server's limit)")
     for config in configs:
         print(f"\nwhere the time goes, {CONFIGS[config]} (ms, p50/p99; late: the generator "

@@ -143,6 +143,10 @@ class Shedder:
         self._below_since: float | None = None  # ...and, when overloaded, short since then
         self._overloaded = False
         self._rtt = 0.0  # moving average of the latency of admitted requests
+        # per tier, the moving average of the time between requests that were not shed on
+        # arrival (they take slots before any less important waiter), and the latest one
+        self._gap = [0.0, 0.0, 0.0]
+        self._last = [-math.inf, -math.inf, -math.inf]
         self._admitted = [0, 0, 0]
         self._shed = [0, 0, 0]
         self._shed_codel = 0
@@ -308,26 +312,56 @@ class Shedder:
             self._short(now)
         limit = self.limit.limit
         if self._in_flight < max(1, math.floor(limit * self._share[tier])):
+            self._arrived(tier, now)
             return self._take(tier, now, key)
         timeout = self._timeout[tier]
         if not may_wait or timeout <= 0 or self._waiting >= self.max_queue:
             return "capacity"
-        if tier != CRITICAL and self._rtt:
-            # shed now what would wait in vain: slots free about every rtt / in_flight
-            # seconds, and this request needs the ones for the waiters before it too
-            ahead = len(self._queues[CRITICAL]) + len(self._queues[DEGRADED])
-            if tier == SHEDDABLE:
-                ahead += len(self._queues[SHEDDABLE])
-            need = ahead + 1 + self._in_flight - max(1, math.floor(limit * self._share[tier]))
-            if 2 * need * self._rtt > timeout * max(1, self._in_flight):
-                return "capacity"
+        if tier != CRITICAL and self._rtt and self._in_vain(tier, now, limit, timeout):
+            return "capacity"
         if tier != CRITICAL and (self._overloaded or self._above_since is not None) \
                 and self._standing(now):
             return "codel"
+        self._arrived(tier, now)
         w = _Waiter(tier, now, key)
         self._queues[tier].append(w)
         self._waiting += 1
         return w
+
+    def _arrived(self, tier: int, now: float) -> None:
+        """A request of ``tier`` was admitted or queued: it goes before any less important
+        waiter. Its tier's arrival rate follows (a moving average of the gaps, 1/20)."""
+        last = self._last[tier]
+        self._last[tier] = now
+        if last > -math.inf:
+            gap = now - last
+            g = self._gap[tier]
+            self._gap[tier] = gap if not g else g + 0.05 * (gap - g)
+
+    def _rate(self, tier: int, now: float) -> float:
+        """Requests of ``tier`` per second that take slots (0 when there were none for
+        longer than their usual gap allows: the estimate decays with the silence)."""
+        g = self._gap[tier]
+        if not g:
+            return 0.0
+        return 1.0 / max(g, now - self._last[tier])
+
+    def _in_vain(self, tier: int, now: float, limit: int, timeout: float) -> bool:
+        """Would a degraded or sheddable request that finds no slot wait in vain? Slots
+        free about every ``s = rtt / in_flight`` seconds; it needs the ones for the
+        waiters before it, and the more important requests that arrive while it waits
+        (``r`` per second) go first too, so it starts after about ``need x s / (1 - r x
+        s)``: never when ``r x s >= 1``. Shed at once when that is longer than its wait."""
+        queues = self._queues
+        ahead = len(queues[CRITICAL]) + len(queues[DEGRADED])
+        r = self._rate(CRITICAL, now)
+        if tier == SHEDDABLE:
+            ahead += len(queues[SHEDDABLE])
+            r += self._rate(DEGRADED, now)
+        need = ahead + 1 + self._in_flight - max(1, math.floor(limit * self._share[tier]))
+        s = self._rtt / max(1, self._in_flight)
+        busy = r * s
+        return busy >= 1.0 or need * s > timeout * (1.0 - busy)
 
     def _shed_one(self, tier: int, reason: str, now: float) -> Shed:
         self._shed[tier] += 1

@@ -558,3 +558,33 @@ def test_threads_and_tasks_share_one_shedder() -> None:
     assert peak[0] <= 2
     assert s.stats()["admitted"]["critical"] == 800
     assert s.in_flight == 0
+
+
+def test_a_request_that_more_important_arrivals_would_overtake_is_shed_at_once() -> None:
+    """A degraded request that finds the one slot taken waits only if it can expect a
+    slot within its queue_timeout: critical requests arriving while it waits go first.
+    With critical work arriving at 110 per second, 8 ms each (88 % of the slot), nobody
+    ahead of it is enough to shed it at once; after a second of silence it waits."""
+    clock = FakeClock()
+    s = Shedder(1, clock=clock)
+    for _ in range(60):
+        t = s.try_acquire(CRITICAL)
+        assert isinstance(t, Ticket)
+        clock.advance(0.008)
+        s.release(t)
+        clock.advance(0.001)
+    held = s.try_acquire(CRITICAL)
+    assert isinstance(held, Ticket)
+    got = s.enqueue(DEGRADED, "", threading.Event)
+    assert isinstance(got, Shed)
+    assert got.reason == "capacity"
+    assert s.waiting == 0
+    s.release(held)
+    clock.advance(1.0)  # no critical request for a second: its rate has decayed
+    held = s.try_acquire(CRITICAL)
+    assert isinstance(held, Ticket)
+    place = s.enqueue(DEGRADED, "", threading.Event)
+    assert not isinstance(place, Shed | Ticket)
+    assert s.waiting == 1
+    s.release(held)
+    assert isinstance(s.settle(place), Ticket)  # the freed slot went to it

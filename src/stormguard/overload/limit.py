@@ -10,26 +10,32 @@ the latency is far past the tolerance: then the window closes at once):
 * every sample is compared with the **no-load minimum** of its ``key`` (a route: a
   20 ms checkout is not a slow 5 ms cart): ``ratio = rtt / baseline[key]``, and the
   window's ``ratio`` is their median (one GC pause is not a queue);
-* ``ratio > tolerance`` (2.0: queueing shows): the limit shrinks multiplicatively,
-  ``limit x max(0.5, tolerance / ratio)``, unless the requests that ran alone in that
-  window (at least 2) were as slow (their median ratio above the tolerance too): then
-  the slowness is not a queue of ours (a busy machine, a slow disk) and a lower limit
-  would only shed requests, so it holds;
-* the latency grew with the concurrency (``c``, the window's concurrency, at least 1.5:
-  the smaller of the mean in-flight count its requests saw and Little's law's, their
-  summed latency over the window's duration; and the summed latency at least
-  ``1 + 0.75 x (c - 1)`` times their summed baselines): the requests share one resource
-  (one core under one GIL, a saturated dependency), more at once is only latency and no
-  throughput (Little's law), so the limit steps down, to ``min(limit, c) - 1``, and does
-  not grow for the next 10 windows (at 1 there is no telling whether 2 would be better:
-  it tries once a second);
-* ``ratio`` near 1 (at most ``1 + (tolerance - 1) / 2``) and the limit was in use (the
-  most in flight reached half of it): the limit grows, by 1 below 10 and by
+* ``in_flight`` is the concurrency the request ran under: the shedder's in-flight count
+  averaged over the request's life, itself included (a float; a count works too);
+* ``ratio > tolerance`` (2.0: queueing shows) but the requests that ran alone in that
+  window (at least 2) were as slow (their median ratio above the tolerance too): the
+  slowness is not a queue of ours (a busy machine, a slow disk) and a lower limit would
+  only shed requests, so it holds;
+* the latency grew with the concurrency: the requests share one resource (one core
+  under one GIL, a saturated dependency), more at once is only latency and no throughput
+  (Little's law), so the limit steps down, to ``min(limit, c) - 1``, and does not grow
+  for the next 10 windows. Either the whole window shows it (``c``, its concurrency, at
+  least 1.5: the smaller of its requests' mean and Little's law's, their summed latency
+  over the window's duration; and the summed latency at least ``1 + 0.75 x (c - 1)``
+  times their summed baselines) or its joined requests do (at least 3 that ran at 1.5 or
+  more, as slowed in proportion to their own concurrency; ``c`` their mean). At 1 there
+  is no telling whether 2 would be better: it tries after those 10 windows; the try ends
+  at its third joined request that shared, and each try that steps down again at once
+  doubles the wait before the next (10, 20, 40, then 80 windows);
+* ``ratio > tolerance`` otherwise: the limit shrinks multiplicatively,
+  ``limit x max(0.5, tolerance / ratio)``;
+* ``ratio`` near 1 (at most ``1 + (tolerance - 1) / 2``) and the limit was in use (some
+  request ran under more than half of it): the limit grows, by 1 below 10 and by
   ``sqrt(limit)`` above;
 * otherwise it holds.
 
 The baseline is the smallest latency seen for the key; a window in which every request
-ran alone (``in_flight <= 1``) is a no-load measurement by definition and moves it 10 %
+ran alone (``in_flight < 1.1``) is a no-load measurement by definition and moves it 10 %
 toward that window's fastest request, upward too, so a service that really became
 slower is re-learnt (within a few dozen windows at the floor) without a probe (Envoy's
 periodic minRTT probe, which drops concurrency to measure, is what causes its bursts of
@@ -91,6 +97,9 @@ SHARED_HOLD_MAX = 80
 JOINED = 1.5
 #: at most this concurrency (time-averaged) is a request alone: a no-load measurement
 ALONE = 1.1
+#: the most windows joined requests are gathered over at one limit (their evidence); a
+#: step down within as many windows of a growth is that try failing
+JOINED_WINDOWS = 20
 
 
 class FixedLimit:
@@ -129,6 +138,7 @@ class AdaptiveLimit:
         "_j_conc",
         "_j_n",
         "_j_rtt",
+        "_j_since",
         "_limit",
         "_lowered",
         "_max_in_flight",
@@ -189,6 +199,7 @@ class AdaptiveLimit:
         self._j_rtt = 0.0  # sharing would give them (see JOINED), summed concurrency
         self._j_base = 0.0
         self._j_conc = 0.0
+        self._j_since = 0  # the window they were first gathered in
         self._windows = 0
         self._probe_at: int | None = FIRST_PROBE
         self._probing = False
@@ -268,10 +279,9 @@ class AdaptiveLimit:
             self._since = now
             return None
         if self._n < self.min_samples:
-            if self._windows == self._grew_at + 1 and self._j_n >= 3 \
-                    and self._j_rtt >= self._j_base:
-                return self._update(now)  # the window after a growth: the first 3 joined
-                # requests that shared one resource end the try (each is latency for all)
+            if self._j_n >= 3 and self._j_rtt >= self._j_base:
+                return self._update(now)  # 3 joined requests shared one resource: step
+                # down now (after a growth, that ends the try: each is latency for all)
             return None
         if now - since < self.window and self._sum < 2 * self.tolerance * self._n:
             return None  # (a window far past the tolerance closes early: react at once)
@@ -306,19 +316,26 @@ class AdaptiveLimit:
             # wait before trying more again, longer after each try that failed at once
             step = min(limit, shared) - 1.0
             limit = min(step, limit * max(SHRINK_FLOOR, tol / mean)) if mean > tol else step
-            failed = self._windows - self._grew_at <= 2
+            failed = self._windows - self._grew_at <= JOINED_WINDOWS
             self._hold = min(2 * self._hold, SHARED_HOLD_MAX) if failed else SHARED_HOLD
             self._grow_after = self._windows + self._hold
         elif mean > tol:
             limit *= max(SHRINK_FLOOR, tol / mean)
         elif mean <= 1.0 + (tol - 1.0) / 2 and 2 * self._max_in_flight >= limit + 1 \
                 and not self._probing and self._windows >= self._grow_after \
-                and (self._probe_at is None or self._base_in_flight < ALONE):
-            # (in use: some request ran under more than half the limit; not on baselines
-            # measured under load that a probe has yet to check: near such a baseline is
-            # no evidence of no queue, and growth only adds to it)
-            limit += 1.0 if limit < 10 else math.sqrt(limit)
-            self._grew_at = self._windows
+                and (self._probe_at is None or self._base_in_flight < ALONE) \
+                and (limit < 2.0 or (self._j_n >= 3 and self._j_rtt < self._j_base)):
+            # (in use: some request ran under more than half the limit; above 1, requests
+            # that ran joined were not slowed in proportion: more at once does run in
+            # parallel; not on baselines measured under load that a probe has yet to
+            # check: near such a baseline is no evidence of no queue, and growth only adds
+            # to it)
+            if limit >= 2.0:  # beyond a try from 1: more at once runs in parallel, so
+                self._hold = SHARED_HOLD  # the waits between tries start again at 1 s
+            if limit < self.max:
+                limit += 1.0 if limit < 10 else math.sqrt(limit)
+                self._grew_at = self._windows
+        changed = int(limit) != int(self._limit)
         self._limit = min(float(self.max), max(float(self.min), limit))
         self._since = now
         self._n = 0
@@ -326,8 +343,12 @@ class AdaptiveLimit:
         self._max_in_flight = 0.0
         self._sum_in_flight = 0.0
         self._sum_rtt = self._sum_base = 0.0
-        self._j_n = 0
-        self._j_rtt = self._j_base = self._j_conc = 0.0
+        if changed or self._j_n >= 3 or self._windows - self._j_since >= JOINED_WINDOWS:
+            # (joined requests are few at a moderate load: their evidence is gathered
+            # over up to JOINED_WINDOWS windows at one limit)
+            self._j_n = 0
+            self._j_rtt = self._j_base = self._j_conc = 0.0
+            self._j_since = self._windows + 1
         self._windows += 1
         self._probes(now, rate)
         self._lowered = False

@@ -72,7 +72,7 @@ def serve(tmp_path: Path, *extra: str, log: Path | None = None) -> Iterator[str]
         yield url
     finally:
         os.kill(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
+        proc.wait(timeout=20)  # real time: the real server process exits
 
 
 @pytest.fixture

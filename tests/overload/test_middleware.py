@@ -36,7 +36,7 @@ class App:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         self.calls.append(scope["path"])
         if self.gate is not None and scope["path"] == "/cart":
-            await self.gate.wait()
+            await self.gate.wait()  # held until the test opens the gate (no time passes)
         if scope["path"] == "/boom":
             raise RuntimeError("boom")
         await send({"type": "http.response.start", "status": 200, "headers": []})
@@ -352,7 +352,7 @@ def test_wsgi_under_a_real_threaded_server() -> None:
 
         def one(path: str) -> None:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as c:
-                barrier.wait()
+                barrier.wait()  # the 40 requests leave together (no time is measured)
                 r = c.get(path)
             with lock:
                 results.append((path, r.status_code))
@@ -373,7 +373,7 @@ def test_wsgi_under_a_real_threaded_server() -> None:
             assert int(c.get("/peak").text) <= 4
     finally:
         proc.kill()
-        proc.wait()
+        proc.wait()  # the killed server process exits
 
 
 def test_a_shared_shedder_is_one_limit_for_two_apps() -> None:

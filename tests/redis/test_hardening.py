@@ -83,7 +83,7 @@ class ResettingServer:
                 if request is not False:
                     break
             self.got_evalsha.set()
-            self.go.wait(10)
+            self.go.wait(10)  # real time: the test thread's signal (10 s: never, normally)
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.reset_done.set()
 
@@ -134,12 +134,12 @@ def test_a_reset_mid_flight_ends_every_check(resetting: ResettingServer, loop_ki
         # Block the loop on purpose: the server resets the socket and the RST arrives
         # while the loop cannot see it; then 40 checks start in one iteration.
         resetting.go.set()
-        assert resetting.reset_done.wait(5)
+        assert resetting.reset_done.wait(5)  # real time: the fake server thread's reset
         # real time, and blocking the loop is the point: it must not see the RST
         time.sleep(0.02)  # noqa: ASYNC251  (real time: the loop blocked on a real socket)
         rest = [asyncio.ensure_future(limiter.hit(f"k{i}", RULE)) for i in range(1, 41)]
         t = time.perf_counter()
-        _, pending = await asyncio.wait([first, *rest], timeout=10 * timeout)
+        _, pending = await asyncio.wait([first, *rest], timeout=10 * timeout)  # real sockets
         took = time.perf_counter() - t
         for task in pending:
             task.cancel()
@@ -176,11 +176,11 @@ def test_killing_a_master_under_load_ends_every_check(loop_kind: str) -> None:
                 if c == 0 and i == 20:
                     cluster.nodes[1].stop()  # mid-flight, from inside the loop
 
-        await asyncio.wait_for(asyncio.gather(*[caller(c) for c in range(64)]), 30)
+        await asyncio.wait_for(asyncio.gather(*[caller(c) for c in range(64)]), 30)  # real nodes
         assert done[0] == 64 * 60
         assert limiter.degraded_count > 0
         assert slowest[0] < 3 * timeout + 0.5  # a loaded 2-core machine: slack
-        await asyncio.wait_for(limiter.aclose(), 5)
+        await asyncio.wait_for(limiter.aclose(), 5)  # real time: real sockets close
 
     try:
         _run(loop_kind, main)
@@ -194,7 +194,7 @@ def _hammer(store: RedisStore, threads: int, per_thread: int) -> tuple[int, int]
     start = threading.Barrier(threads)
 
     def worker(i: int) -> None:
-        start.wait()
+        start.wait()  # the threads start together (no time is measured)
         for j in range(per_thread):
             if limiter.hit(f"user:{(i * per_thread + j) % 500}", RULE).degraded:
                 degraded[i] += 1

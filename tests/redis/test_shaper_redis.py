@@ -357,7 +357,7 @@ def test_four_processes_through_one_200_per_second_shaper(redis_url: str) -> Non
         for p in procs:
             if p.poll() is None:
                 p.kill()
-                p.wait()
+                p.wait()  # the killed process exits
     assert len(pairs) == 1000
     slots = sorted(s for s, _ in pairs)
     departures = sorted(d for _, d in pairs)

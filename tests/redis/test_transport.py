@@ -267,7 +267,7 @@ def tls_server() -> Iterator[tuple[int, str]]:
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+            proc.wait(10)  # real time: a SIGKILLed redis-server exits
         log.close()
 
 

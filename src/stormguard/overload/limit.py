@@ -25,8 +25,9 @@ the latency is far past the tolerance: then the window closes at once):
   times their summed baselines) or its joined requests do (at least 3 that ran at 1.5 or
   more, as slowed in proportion to their own concurrency; ``c`` their mean). At 1 there
   is no telling whether 2 would be better: it tries after those 10 windows; the try ends
-  at its third joined request that shared, and each try that steps down again at once
-  doubles the wait before the next (10, 20, 40, then 80 windows);
+  at its third joined request that shared, and each try that steps down again within
+  ``JOINED_WINDOWS`` (20) windows doubles the wait before the next (10, 20, 40, then 80
+  windows); growth beyond a try starts the waits again at 10;
 * ``ratio > tolerance`` otherwise: the limit shrinks multiplicatively,
   ``limit x max(0.5, tolerance / ratio)``;
 * ``ratio`` near 1 (at most ``1 + (tolerance - 1) / 2``) and the limit was in use (some

@@ -67,15 +67,14 @@ def tier_index(field: str, tier: object) -> int:
 class Ticket:
     """One admitted request: release it with :meth:`Shedder.release` when it finishes."""
 
-    __slots__ = ("area", "in_flight", "key", "seq", "start", "tier")
+    __slots__ = ("area", "in_flight", "key", "start", "tier")
 
-    def __init__(self, tier: int, start: float, in_flight: int, key: str, seq: int = 0,
+    def __init__(self, tier: int, start: float, in_flight: int, key: str,
                  area: float = 0.0) -> None:
         self.tier = tier
         self.start = start
         self.in_flight = in_flight
         self.key = key
-        self.seq = seq  # the shedder's admissions so far
         self.area = area  # the shedder's in-flight x seconds so far, when it started
 
 
@@ -133,7 +132,6 @@ class Shedder:
         self._listeners: list[Listener] = list(listeners)
         self._lock = threading.Lock()
         self._in_flight = 0
-        self._seq = 0  # admissions so far
         self._area = 0.0  # the integral of the in-flight count over time, up to _area_at:
         self._area_at = 0.0  # what a request's concurrency during its life is read from
         self._tier_in_flight = [0, 0, 0]
@@ -265,8 +263,7 @@ class Shedder:
         self._in_flight += 1
         self._tier_in_flight[tier] += 1
         self._admitted[tier] += 1
-        self._seq += 1
-        return Ticket(tier, now, self._in_flight, key, self._seq, area)
+        return Ticket(tier, now, self._in_flight, key, area)
 
     def _dispatch(self, now: float) -> None:
         """Hand free slots to waiters, most important tier first (newest first when the
@@ -339,8 +336,8 @@ class Shedder:
             self._gap[tier] = gap if not g else g + 0.05 * (gap - g)
 
     def _rate(self, tier: int, now: float) -> float:
-        """Requests of ``tier`` per second that take slots (0 when there were none for
-        longer than their usual gap allows: the estimate decays with the silence)."""
+        """Requests of ``tier`` per second that take slots (0 before two of them; a
+        silence longer than their usual gap lowers it, as 1 / the silence)."""
         g = self._gap[tier]
         if not g:
             return 0.0
@@ -491,8 +488,8 @@ class Shedder:
             area = self._tick(now)
             self._in_flight -= 1
             self._tier_in_flight[ticket.tier] -= 1
+            rtt = now - ticket.start
             if ok:
-                rtt = now - ticket.start
                 self._rtt = rtt if not self._rtt else self._rtt + 0.1 * (rtt - self._rtt)
             limit = self.limit
             if ok and limit.adaptive:
@@ -500,7 +497,6 @@ class Shedder:
                 # the concurrency it ran under: the mean in-flight count over its life,
                 # itself included (a request that started alone and was joined did not run
                 # alone; one that started among others may have finished alone)
-                rtt = now - ticket.start  # (mypy: bound above only when ok)
                 seen: float = ticket.in_flight
                 if rtt > 0:
                     seen = max(1.0, (area - ticket.area) / rtt)

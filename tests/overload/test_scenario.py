@@ -8,8 +8,11 @@ the limit adapts, then four counted seconds. The targets are the real load test'
 seeds 1-4 since critical requests may wait 250 ms for a slot: 98.75-99.68 % with 50 ms),
 goodput >= 90 % of capacity, and without protection the shop collapses. Shed requests
 are answered at once (no virtual time passes), except those that waited their tier's
-``queue_timeout`` for a slot in vain: at most 7 % of the requests (0-6.2 % over seeds
-1-4). Critical p99 is held to 3.5x its unloaded p99 at 1x and 2x (the target is 3x: 1.7-2.4x
+``queue_timeout`` for a slot in vain: at most 7 % of the requests at 1x (0-3 of 396 over
+seeds 1-4), and under a sustained overload so few that the p99 of every 503 is that of
+the immediate ones: at most 1 % of the 503s at 2x and 4x (0-2 of 353-379 at 2x, 0-1 of
+about 1,130 at 4x over seeds 1-4; 30-36 and 8-40 before the estimate learned from its
+misses). Critical p99 is held to 3.5x its unloaded p99 at 1x and 2x (the target is 3x: 1.7-2.4x
 at 1x, 2.0-3.2x at 2x over seeds 1-4, met in 3 of 4 seeds at 2x) and to 5x at 4x
 (3.6-4.7x), where the 3x target is out of reach: the critical work alone takes 63 % of
 the core, and even an ideal scheduler that runs nothing else leaves a critical p99 above
@@ -45,6 +48,8 @@ def test_shedding_keeps_checkout_alive(load: float, unloaded_p99: float) -> None
         assert all(t <= waits[tier] + 1e-9 for t in xs), tier
         late += sum(1 for t in xs if t > 0.005)
     assert late <= 0.07 * sum(r.sent.values())
+    if load >= 2:  # overloaded: the 503s' p99 is the immediate ones'
+        assert late <= 0.01 * sum(len(xs) for xs in r.shed.values())
     assert r.goodput() >= 0.9 * capacity * min(load, 1.0)
     if load >= 2:  # the least important work goes first
         assert r.success("sheddable") < r.success("degraded") < r.success("critical")

@@ -588,3 +588,71 @@ def test_a_request_that_more_important_arrivals_would_overtake_is_shed_at_once()
     assert s.waiting == 1
     s.release(held)
     assert isinstance(s.settle(place), Ticket)  # the freed slot went to it
+
+
+def _one_slot_shedder(rtt: float) -> tuple[FakeClock, Shedder]:
+    """A limit of one whose requests have taken ``rtt`` (critical ones, a second apart:
+    their arrival rate is too low to matter)."""
+    clock = FakeClock()
+    s = Shedder(1, clock=clock)
+    for _ in range(40):
+        t = s.try_acquire(CRITICAL)
+        assert isinstance(t, Ticket)
+        clock.advance(rtt)
+        s.release(t)
+        clock.advance(1.0)
+    return clock, s
+
+
+def _wait_in_vain(clock: FakeClock, s: Shedder, tier: int) -> None:
+    place = s.enqueue(tier, "", threading.Event)
+    assert not isinstance(place, Shed | Ticket)
+    clock.advance(0.05)  # its whole queue_timeout, the slot still taken
+    shed = s.settle(place)
+    assert isinstance(shed, Shed)
+    assert shed.reason == "queue_timeout"
+
+
+def test_a_wait_in_vain_makes_the_estimate_of_its_tier_more_careful_for_a_while() -> None:
+    """Slots free every 30 ms: a degraded request expects to start within its 50 ms and
+    waits. It waits in vain: the next one may count on half its wait (25 ms), so it is
+    shed at once, while a sheddable one (its own tier's estimate unharmed) still waits.
+    Without another miss the share grows back, doubling in 3 s, and degraded requests
+    wait again."""
+    clock, s = _one_slot_shedder(0.030)
+    held = s.try_acquire(CRITICAL)
+    assert isinstance(held, Ticket)
+    _wait_in_vain(clock, s, DEGRADED)
+    got = s.enqueue(DEGRADED, "", threading.Event)
+    assert isinstance(got, Shed)
+    assert got.reason == "capacity"
+    place = s.enqueue(SHEDDABLE, "", threading.Event)
+    assert not isinstance(place, Shed | Ticket)
+    s.release(held)
+    ticket = s.settle(place)
+    assert isinstance(ticket, Ticket)  # the freed slot went to it
+    clock.advance(0.030)
+    s.release(ticket)
+    clock.advance(0.4)  # the share has grown back to 0.55 only (0.5 x 2 ** (0.43 / 3))
+    held = s.try_acquire(CRITICAL)
+    assert isinstance(held, Ticket)
+    assert isinstance(s.enqueue(DEGRADED, "", threading.Event), Shed)
+    clock.advance(2.57)  # 3 s after the miss: the whole wait again
+    place = s.enqueue(DEGRADED, "", threading.Event)
+    assert not isinstance(place, Shed | Ticket)
+    s.release(held)
+    assert isinstance(s.settle(place), Ticket)
+
+
+def test_misses_in_a_row_never_stop_a_request_that_would_start_soon_from_waiting() -> None:
+    """Ten waits in vain in a row halve the share of the wait ten times, but never below
+    an eighth (6.25 ms of 50): a request expecting its slot within 5 ms still waits."""
+    clock, s = _one_slot_shedder(0.005)
+    held = s.try_acquire(CRITICAL)
+    assert isinstance(held, Ticket)
+    for _ in range(10):
+        _wait_in_vain(clock, s, DEGRADED)
+    place = s.enqueue(DEGRADED, "", threading.Event)
+    assert not isinstance(place, Shed | Ticket)
+    s.release(held)
+    assert isinstance(s.settle(place), Ticket)

@@ -50,6 +50,12 @@ DEFAULT_SHARES: dict[str, float] = {"critical": 1.0, "degraded": 0.8, "sheddable
 #: the longest a request waits for a slot when ``queue_timeout`` does not name its tier
 DEFAULT_QUEUE_TIMEOUT = 0.05
 
+#: the wait-in-vain estimate's margin: halved at each wait in vain, at least this share
+#: of the queue timeout, doubling back every VAIN_RECOVERY seconds (see Shedder._margin)
+VAIN_FLOOR = 0.125
+VAIN_RECOVERY = 3.0
+_VAIN_DOUBLINGS = math.log2(1 / VAIN_FLOOR)  # from the floor back to 1
+
 #: a thread waiting on a clock other than the system's looks at it this often (real seconds)
 _POLL = 0.002
 
@@ -145,6 +151,10 @@ class Shedder:
         # arrival (they take slots before any less important waiter), and the latest one
         self._gap = [0.0, 0.0, 0.0]
         self._last = [-math.inf, -math.inf, -math.inf]
+        # per tier, the share of its queue_timeout the wait-in-vain estimate allows just
+        # after its latest wait in vain, and when that was: see _margin
+        self._vain = [1.0, 1.0, 1.0]
+        self._vain_at = [-math.inf, -math.inf, -math.inf]
         self._admitted = [0, 0, 0]
         self._shed = [0, 0, 0]
         self._shed_codel = 0
@@ -358,7 +368,23 @@ class Shedder:
         need = ahead + 1 + self._in_flight - max(1, math.floor(limit * self._share[tier]))
         s = self._rtt / max(1, self._in_flight)
         busy = r * s
-        return busy >= 1.0 or need * s > timeout * (1.0 - busy)
+        return busy >= 1.0 or need * s > timeout * self._margin(tier, now) * (1.0 - busy)
+
+    def _margin(self, tier: int, now: float) -> float:
+        """The share of its wait a request of ``tier`` may be expected to need: 1 until
+        one of them waits in vain, then halved at each wait in vain (down to
+        ``VAIN_FLOOR``) and doubling back every ``VAIN_RECOVERY`` seconds without one. An
+        estimate that keeps letting requests wait in vain is too hopeful for this
+        traffic; one that is right again soon goes back to the whole wait."""
+        m = self._vain[tier]
+        if m >= 1.0:
+            return 1.0
+        doublings = min(_VAIN_DOUBLINGS, (now - self._vain_at[tier]) / VAIN_RECOVERY)
+        return min(1.0, m * 2.0 ** doublings)
+
+    def _waited_in_vain(self, tier: int, now: float) -> None:
+        self._vain[tier] = max(VAIN_FLOOR, self._margin(tier, now) * 0.5)
+        self._vain_at[tier] = now
 
     def _shed_one(self, tier: int, reason: str, now: float) -> Shed:
         self._shed[tier] += 1
@@ -388,6 +414,7 @@ class Shedder:
             self._sojourn(now - w.since, now)
             if not self._waiting:
                 self._short(now)
+            self._waited_in_vain(w.tier, now)
             return self._shed_one(w.tier, "queue_timeout", now)
 
     # -- the API ----------------------------------------------------------------------------

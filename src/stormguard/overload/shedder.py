@@ -380,7 +380,7 @@ class Shedder:
         if m >= 1.0:
             return 1.0
         doublings = min(_VAIN_DOUBLINGS, (now - self._vain_at[tier]) / VAIN_RECOVERY)
-        return min(1.0, m * 2.0 ** doublings)
+        return min(1.0, m * math.pow(2.0, doublings))
 
     def _waited_in_vain(self, tier: int, now: float) -> None:
         self._vain[tier] = max(VAIN_FLOOR, self._margin(tier, now) * 0.5)

@@ -79,9 +79,10 @@ class RedisServer:
 def _wait_ready(port: int, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            if redis.Redis(host="127.0.0.1", port=port, socket_timeout=0.5).ping():
-                return
+        try:  # the probe's client is closed: its socket never waits for the collector
+            with redis.Redis(host="127.0.0.1", port=port, socket_timeout=0.5) as probe:
+                if probe.ping():
+                    return
         except redis.RedisError:
             pass
         time.sleep(0.02)  # real time: waiting for a real redis-server to accept

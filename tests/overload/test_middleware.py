@@ -249,7 +249,7 @@ def _gil_waits(naps: int) -> list[float]:
         return out
     finally:
         stop.set()
-        busy.join()
+        busy.join()  # real threads: waiting for them to finish
 
 
 def test_a_short_switch_interval_shortens_the_event_loops_wait_for_the_gil() -> None:
@@ -362,7 +362,7 @@ def test_wsgi_under_a_real_threaded_server() -> None:
         for t in threads:
             t.start()
         for t in threads:
-            t.join()
+            t.join()  # real threads: waiting for them to finish
         assert len(results) == 40
         codes = {(p, c) for p, c in results}
         assert codes <= {("/cart", 200), ("/cart", 503), ("/recommendations", 200),

@@ -422,10 +422,10 @@ def test_threads_never_exceed_the_limit_and_never_crowd_out_critical_traffic() -
     for t in crit:
         t.start()
     for t in crit:
-        t.join()
+        t.join()  # real threads: waiting for them to finish
     stop.set()
     for t in threads:
-        t.join()
+        t.join()  # real threads: waiting for them to finish
     assert critical_shed == []
     assert peak["low"] <= 8
     assert peak["all"] <= 10
@@ -553,7 +553,7 @@ def test_threads_and_tasks_share_one_shedder() -> None:
         t.start()
     asyncio.run(main())
     for t in threads:
-        t.join()
+        t.join()  # real threads: waiting for them to finish
     assert shed == []
     assert peak[0] <= 2
     assert s.stats()["admitted"]["critical"] == 800

@@ -178,7 +178,7 @@ def test_kill_and_restart_under_threaded_load(srv: RedisServer, clock: FakeClock
     finally:
         stop.set()
         for t in threads:
-            t.join()
+            t.join()  # real threads: waiting for them to finish
     assert errors == []
     assert counts["redis"] > after + 50  # served by Redis again, by the same store
     assert counts["degraded"] > 100

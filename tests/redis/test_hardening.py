@@ -203,7 +203,7 @@ def _hammer(store: RedisStore, threads: int, per_thread: int) -> tuple[int, int]
     for t in pool:
         t.start()
     for t in pool:
-        t.join()
+        t.join()  # real threads: waiting for them to finish
     return sum(degraded), threads * per_thread
 
 

@@ -319,7 +319,7 @@ WORKER = textwrap.dedent("""
                 shaper.call(record)
         threads = [threading.Thread(target=run, args=(n // 10,)) for _ in range(10)]
         for t in threads: t.start()
-        for t in threads: t.join()
+        for t in threads: t.join()  # real threads: waiting for them to finish
     print(json.dumps(out))
 """)
 
